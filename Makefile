@@ -1,0 +1,37 @@
+# Two commands a newcomer needs: `make run` and `make test`. Both install first, once.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the local CPU wheel. A bare torch requirement pulls a multi-GB CUDA build.
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/ferrum transcribe samples/sample.ogg
+
+test: install
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,bench]'
+	$(BIN)/python bench/run_bench.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,373 @@
+"""The `ferrum` command: parses options, calls the library, renders with rich. No model logic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import FerrumError, UsageError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    help="Fast, careful Whisper speech-to-text. Files, folders, globs or a pipe in; txt, srt, vtt, json out.",
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_state = {"debug": False}
+
+
+class Interrupted(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _on_signal(signum, frame) -> None:
+    raise Interrupted(128 + signum)
+
+
+def _fail(exc: FerrumError) -> None:
+    err.print(f"[red]error:[/] {exc.message}", markup=True, highlight=False)
+    raise typer.Exit(exc.exit_code)
+
+
+def _run(func, *args, **kwargs):
+    """Call into the library; a FerrumError becomes one line and its exit code."""
+    try:
+        return func(*args, **kwargs)
+    except FerrumError as exc:
+        if _state["debug"]:
+            raise
+        _fail(exc)
+
+
+class _WarningHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {record.getMessage()}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ferrum {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    _state["debug"] = debug
+    log = logging.getLogger("ferrum")
+    if not log.handlers:
+        log.addHandler(_WarningHandler())
+        log.setLevel(logging.INFO)
+
+
+def _load_executor(model: str, device: str, dtype: str, threads: int | None):
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from .executor import WhisperModelExecutor
+
+    return _run(WhisperModelExecutor.from_path, model, device, dtype)
+
+
+def _temperatures(start: float, increment: float | None) -> tuple[float, ...]:
+    if increment is None or increment <= 0:
+        return (start,)
+    steps = int(round((1.0 - start) / increment)) + 1
+    return tuple(round(start + i * increment, 4) for i in range(max(steps, 1)))
+
+
+TRANSCRIBE_EXAMPLES = """
+[b]Examples[/b]
+
+  ferrum transcribe talk.mp3
+  ferrum transcribe talks/ -o out/ -f srt -f txt
+  ferrum transcribe 'talks/**/*.m4a' -o out/ --skip-existing
+  cat talk.mp3 | ferrum transcribe - -f srt -o out/
+"""
+
+
+@app.command(epilog=TRANSCRIBE_EXAMPLES)
+def transcribe(
+    inputs: Annotated[Optional[list[str]], typer.Argument(help="Files, folders, glob patterns, or - for stdin.", show_default=False)] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name (tiny, base, small…), .pt file, or model folder.")] = "base",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
+    language: Annotated[str, typer.Option("--language", "-l", help="Language code, or auto to detect it.")] = "auto",
+    task: Annotated[str, typer.Option(help="transcribe, or translate to English.")] = "transcribe",
+    output_format: Annotated[list[str], typer.Option("--output-format", "-f", help="txt, srt, vtt, json, tsv, jsonl or all; repeatable.")] = ["txt"],  # noqa: B006
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Write <stem>.<ext> files here instead of stdout.")] = None,
+    skip_existing: Annotated[bool, typer.Option(help="Skip inputs whose outputs all exist; resumes a batch.")] = False,
+    stdin_name: Annotated[str, typer.Option(help="Output stem for audio read from stdin.")] = "stdin",
+    beam_size: Annotated[Optional[int], typer.Option(help="Beam size; greedy when unset.", min=1)] = None,
+    best_of: Annotated[Optional[int], typer.Option(help="Candidates when sampling with temperature > 0.", min=1)] = None,
+    patience: Annotated[Optional[float], typer.Option(help="Beam search patience.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of the first try.", min=0.0, max=1.0)] = 0.0,
+    temperature_increment_on_fallback: Annotated[Optional[float], typer.Option(help="Raise the temperature by this on each fallback.")] = 0.2,
+    compression_ratio_threshold: Annotated[Optional[float], typer.Option(help="Retry when the text's gzip ratio is above this.")] = 2.4,
+    logprob_threshold: Annotated[Optional[float], typer.Option(help="Retry when the mean log probability is below this.")] = -1.0,
+    no_speech_threshold: Annotated[Optional[float], typer.Option(help="Treat as silence above this no-speech probability.")] = 0.6,
+    initial_prompt: Annotated[Optional[str], typer.Option(help="Text to prime the first window with.")] = None,
+    condition_on_previous_text: Annotated[bool, typer.Option(help="Feed each window's text to the next (sequential engine).")] = True,
+    word_timestamps: Annotated[bool, typer.Option(help="Time each word (sequential engine).")] = False,
+    max_line_width: Annotated[Optional[int], typer.Option(help="srt/vtt: characters per line (needs --word-timestamps).", min=1)] = None,
+    max_line_count: Annotated[Optional[int], typer.Option(help="srt/vtt: lines per cue (needs --word-timestamps).", min=1)] = None,
+    max_words_per_line: Annotated[Optional[int], typer.Option(help="srt/vtt: words per line (needs --word-timestamps).", min=1)] = None,
+    highlight_words: Annotated[bool, typer.Option(help="srt/vtt: underline each word as it is spoken.")] = False,
+    sequential: Annotated[bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")] = False,
+    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 8,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch.", min=1)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results and errors.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print segments on stderr as they are decoded.")] = False,
+) -> None:
+    """Transcribe audio or video files, folders, glob patterns, or stdin."""
+    from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch
+    from .inputs import expand
+    from .transcribe import TranscribeOptions
+    from .writers import ensure_writable_dir, parse_formats, render, segment_json
+
+    if task not in ("transcribe", "translate"):
+        _fail(UsageError(f"unknown task {task!r}; choose transcribe or translate"))
+    formats = _run(parse_formats, output_format)
+    if not inputs:
+        if sys.stdin.isatty():
+            _fail(UsageError("no input given; pass files, folders, patterns, or pipe audio on stdin"))
+        inputs = ["-"]
+    jobs = _run(expand, inputs, stdin_name)
+    if output_dir is not None:
+        _run(ensure_writable_dir, output_dir)
+    lang = None if language.lower() in ("auto", "") else language.lower()
+    if lang is not None:
+        from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+        lang = TO_LANGUAGE_CODE.get(lang, lang)
+        if lang not in LANGUAGES:
+            _fail(UsageError(f"unknown language {language!r}"))
+    options = TranscribeOptions(
+        language=lang,
+        task=task,
+        beam_size=beam_size,
+        best_of=best_of,
+        patience=patience,
+        temperature=_temperatures(temperature, temperature_increment_on_fallback),
+        compression_ratio_threshold=compression_ratio_threshold,
+        logprob_threshold=logprob_threshold,
+        no_speech_threshold=no_speech_threshold,
+        condition_on_previous_text=condition_on_previous_text,
+        initial_prompt=initial_prompt,
+        word_timestamps=word_timestamps,
+        sequential=sequential or word_timestamps or (beam_size or 1) > 1,
+        batch_size=batch_size,
+    )
+    layout = {
+        "max_line_width": max_line_width,
+        "max_line_count": max_line_count,
+        "max_words_per_line": max_words_per_line,
+        "highlight_words": highlight_words,
+    }
+    signal.signal(signal.SIGTERM, _on_signal)
+    summary = BatchSummary()
+    if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
+        summary.skipped = len(jobs)
+        if not quiet:
+            _print_summary(summary)
+        return
+
+    several = len(jobs) > 1
+    stream_jsonl = output_dir is None and formats == ["jsonl"]
+    progress = None if quiet or not err.is_terminal else _make_progress(len(jobs))
+
+    def on_result(job, result) -> None:
+        if output_dir is None:
+            for fmt in formats:
+                if not stream_jsonl:
+                    sys.stdout.write(render(result, fmt, layout))
+            sys.stdout.flush()
+        if result.language and not quiet and lang is None:
+            err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
+        if progress:
+            progress.advance_file(result.duration)
+
+    def on_start(job) -> None:
+        if output_dir is None and several:
+            sys.stdout.write(f"==> {job.display} <==\n")
+            sys.stdout.flush()
+
+    def on_segment(job, segment, _) -> None:
+        if stream_jsonl:
+            sys.stdout.write(segment_json(segment) + "\n")
+            sys.stdout.flush()
+        if verbose and not quiet:
+            err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {segment.text.strip()}")
+
+    def on_failure(job, reason: str) -> None:
+        err.print(f"[red]error:[/] {job.display}: {reason}")
+        if progress:
+            progress.advance_file(0.0)
+
+    def on_warning(job, message: str) -> None:
+        if not quiet:
+            err.print(f"[yellow]warning:[/] {job.display}: {message}")
+
+    events = BatchEvents(
+        on_start=on_start,
+        on_result=on_result,
+        on_failure=on_failure,
+        on_warning=on_warning,
+        on_segment=on_segment,
+        on_skip=(lambda job: progress.advance_file(0.0)) if progress else None,
+        on_progress=(lambda job, sec: progress.within_file(sec)) if progress else None,
+    )
+    try:
+        executor = _load_executor(model, device, dtype, threads)
+        if progress:
+            progress.start()
+        _run(run_batch, executor, jobs, options, formats, output_dir, layout, skip_existing, events, summary)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        summary.interrupted = True
+        code = exc.code if isinstance(exc, Interrupted) else 130
+        if progress:
+            progress.stop()
+        err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
+        if not quiet:
+            _print_summary(summary)
+        raise typer.Exit(code) from None
+    if progress:
+        progress.stop()
+    if not quiet:
+        _print_summary(summary)
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+class _make_progress:
+    """Files done of total, audio seconds, x real time, ETA; moves within a long file too."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[audio]:.0f} s audio, {task.fields[speed]:.1f}x"),
+            TimeRemainingColumn(),
+            console=err,
+        )
+        self.task = self.progress.add_task("transcribing", total=total, audio=0.0, speed=0.0)
+        self.done_audio, self.in_file, self.files = 0.0, 0.0, 0
+        import time
+
+        self.clock, self.t0 = time.perf_counter, time.perf_counter()
+
+    def start(self) -> None:
+        self.progress.start()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def _update(self) -> None:
+        audio = self.done_audio + self.in_file
+        speed = audio / max(self.clock() - self.t0, 1e-9)
+        self.progress.update(self.task, completed=self.files, audio=audio, speed=speed)
+
+    def within_file(self, seconds: float) -> None:
+        self.in_file = seconds
+        self._update()
+
+    def advance_file(self, seconds: float) -> None:
+        self.files += 1
+        self.done_audio += seconds
+        self.in_file = 0.0
+        self._update()
+
+
+def _print_summary(summary) -> None:
+    table = Table(title="ferrum transcribe" + (" (interrupted)" if summary.interrupted else ""), show_header=True)
+    for column in ("done", "skipped", "failed", "audio", "wall", "speed"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(summary.done),
+        str(summary.skipped),
+        str(summary.failed),
+        f"{summary.audio_seconds / 3600:.3f} h",
+        f"{summary.wall_seconds:.1f} s",
+        f"{summary.speed:.1f}x real time",
+    )
+    err.print(table)
+
+
+def _print_mapping(title: str, data: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title, show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in data.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+            value = value if len(value) < 200 else value[:197] + "…"
+        table.add_row(str(key), str(value))
+    Console().print(table)
+
+
+@app.command(epilog="[b]Examples[/b]\n\n  ferrum info\n  ferrum info --model tiny.en --json")
+def info(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name, file or folder.")] = "base",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Describe a model: format, source, checksum, size and dimensions. Loads no model onto a device."""
+    from .executor import describe_model
+
+    _print_mapping(f"model {model}", _run(describe_model, model), as_json)
+
+
+@app.command(epilog="[b]Examples[/b]\n\n  ferrum status\n  ferrum status --json")
+def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Report versions, ffmpeg, devices, the model cache, packs, and whether the default model is ready offline."""
+    from .report import machine_status
+
+    report = machine_status()
+    _print_mapping("ferrum status", report, as_json)
+    if report["problems"]:
+        for problem in report["problems"]:
+            err.print(f"[red]error:[/] {problem}")
+        raise typer.Exit(1)
+
+
+@app.command(epilog="[b]Examples[/b]\n\n  ferrum warmup\n  ferrum warmup --model tiny.en --device cpu --json")
+def warmup(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name, file or folder.")] = "base",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Resolve, convert and cache the model, load it, run one real forward pass; print each step's time."""
+    from .executor import warmup_steps
+
+    _print_mapping("ferrum warmup", _run(warmup_steps, model, device, dtype), as_json)
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        # the reader of stdout went away (e.g. `| head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)

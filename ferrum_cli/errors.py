@@ -1,0 +1,65 @@
+"""Typed errors. Each carries the exit code the CLI returns for it."""
+
+from __future__ import annotations
+
+
+class FerrumError(Exception):
+    """Base of every error ferrum raises on purpose; never shown as a traceback."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(FerrumError):
+    """A bad option value or an input list that matches nothing."""
+
+    exit_code = 2
+
+
+class InputError(FerrumError):
+    """One input cannot be read or decoded; a batch goes on past it."""
+
+    exit_code = 1
+
+
+class AudioDecodeError(InputError):
+    """ffmpeg could not turn the input into audio; carries ffmpeg's own reason."""
+
+
+class FFmpegNotFoundError(FerrumError):
+    exit_code = 3
+
+
+class ModelError(FerrumError):
+    """The model cannot be found, verified or loaded."""
+
+    exit_code = 4
+
+
+class ModelNotFoundError(ModelError):
+    pass
+
+
+class ModelIntegrityError(ModelError):
+    """A checksum did not match, or a checkpoint is malformed or unsafe."""
+
+
+class DeviceError(FerrumError):
+    """The device or dtype asked for is not available here."""
+
+    exit_code = 2
+
+
+class OutputError(FerrumError):
+    """An output folder or file cannot be written."""
+
+    exit_code = 1
+
+
+class ExecutorStateError(FerrumError):
+    """The executor was used after shutdown() or while it is broken."""
+
+    exit_code = 1

@@ -1,0 +1,307 @@
+"""WhisperModelExecutor: the library API, after the executor of the Rust project ferrum."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ExecutorStateError, FerrumError
+from .transcribe import Segment, TranscribeOptions, Transcription
+
+
+@dataclass
+class _Counters:
+    files: int = 0
+    windows_encoded: int = 0
+    tokens_decoded: int = 0
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    audio_seconds: float = 0.0
+    errors: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class WhisperModelExecutor:
+    """One loaded Whisper model on one device, with counters and a lifecycle."""
+
+    def __init__(self, model, weights_info: dict, device: str, dtype: str) -> None:
+        self._model = model
+        self._info = weights_info
+        self.device, self.dtype = device, dtype
+        self._state = "ready"
+        self._counters = _Counters()
+        self._lock = threading.Lock()
+        self._count_model_calls()
+
+    @classmethod
+    def from_path(cls, model_path: str = "base", device: str = "auto", dtype: str = "auto") -> WhisperModelExecutor:
+        """Load from a model name, an openai .pt, a Hugging Face or CTranslate2 directory."""
+        from .devices import choose, torch_dtype
+        from .model import build_model
+        from .resolve import resolve
+
+        placement = choose(device, dtype)
+        weights = resolve(model_path)
+        info = _weights_info(weights)
+        model = build_model(weights, placement.device, torch_dtype(placement.dtype))
+        return cls(model, info, placement.device, placement.dtype)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def _require_model(self):
+        if self._state == "shutdown" or self._model is None:
+            raise ExecutorStateError("the executor has been shut down; create a new one with from_path()")
+        return self._model
+
+    def warmup(self) -> float:
+        """One real forward pass (encoder and a decoder step) on 30 s of silence; returns seconds."""
+        import numpy as np
+
+        model = self._require_model()
+        start = time.perf_counter()
+        from .transcribe import transcribe_batched
+
+        noise = np.random.default_rng(0).normal(0, 0.05, 16000).astype(np.float32)
+        transcribe_batched(model, [noise], TranscribeOptions(language="en", temperature=(0.0,)))
+        return time.perf_counter() - start
+
+    def shutdown(self) -> None:
+        self._model = None
+        self._state = "shutdown"
+        self.release_cache()
+
+    def release_cache(self) -> None:
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+    # -- transcription ----------------------------------------------------------
+
+    def transcribe(
+        self,
+        audio: str | os.PathLike[str] | bytes,
+        options: TranscribeOptions | None = None,
+        on_segment: Callable[[Segment], None] | None = None,
+        on_progress: Callable[[float], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+    ) -> Transcription:
+        """The rich call: segments, language with its probability, duration, options."""
+        from .audio import decode_bytes, decode_file, stream_file
+        from .transcribe import transcribe_batched, transcribe_sequential
+
+        model = self._require_model()
+        options = options or TranscribeOptions()
+        with self._lock:
+            self._state = "busy"
+            try:
+                if isinstance(audio, (bytes, bytearray, memoryview)):
+                    decoded = decode_bytes(bytes(audio))
+                    chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
+                elif options.sequential:
+                    decoded = decode_file(audio)
+                    chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
+                else:
+                    chunks, samples, warning = stream_file(audio), None, None
+                if warning and on_warning:
+                    on_warning(f"decoded with errors: {warning}")
+                if options.sequential:
+                    if samples is None:
+                        import numpy as np
+
+                        samples = np.concatenate(list(chunks))
+                    result = transcribe_sequential(model, samples, options, on_segment)
+                else:
+                    result = transcribe_batched(model, chunks, options, on_segment, on_progress)
+                if warning:
+                    result.warnings.append(warning)
+            except FerrumError:
+                self._counters.errors += 1
+                raise
+            finally:
+                self._state = "ready" if self._model is not None else "shutdown"
+        c = self._counters
+        c.files += 1
+        c.audio_seconds += result.duration
+        c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
+        return result
+
+    def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
+        return self.transcribe(audio_path, TranscribeOptions(language=language)).text
+
+    def transcribe_bytes(self, audio_data: bytes, language: str | None = None) -> str:
+        """WAV or anything ffmpeg reads; the bytes go to ffmpeg on stdin."""
+        return self.transcribe(audio_data, TranscribeOptions(language=language)).text
+
+    # -- description ------------------------------------------------------------
+
+    def info(self) -> dict:
+        params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else None
+        return _describe(self._info, params, self.device, self.dtype)
+
+    def capabilities(self) -> dict:
+        from .devices import DTYPES, available_devices, dtype_supported
+
+        dims = self._info["dims"]
+        element = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+        params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
+        # one window: encoder activations (ctx x width x ~12 live tensors) plus attention maps
+        activation = (dims["n_audio_ctx"] * dims["n_audio_state"] * 12 + dims["n_audio_head"] * dims["n_audio_ctx"] ** 2) * element
+        return {
+            "tasks": ["transcribe", "translate"] if dims["n_vocab"] >= 51865 else ["transcribe"],
+            "word_timestamps": True,
+            "alignment_heads_known": self._info.get("alignment_heads_known", False),
+            "max_batch_size": 32,
+            "devices": available_devices(),
+            "dtypes": {d: [t for t in DTYPES if dtype_supported(d, t)] for d in available_devices()},
+            "memory": {"parameter_bytes": params * element, "activation_bytes_per_window": activation},
+        }
+
+    def status(self) -> dict:
+        c = self._counters
+        out = {
+            "state": self._state,
+            "device": self.device,
+            "dtype": self.dtype,
+            "counters": {
+                "files": c.files,
+                "windows_encoded": c.windows_encoded,
+                "tokens_decoded": c.tokens_decoded,
+                "audio_seconds": round(c.audio_seconds, 3),
+                "errors": c.errors,
+            },
+            "average_encode_seconds": c.encode_seconds / c.windows_encoded if c.windows_encoded else None,
+            "average_decode_seconds_per_token": c.decode_seconds / c.tokens_decoded if c.tokens_decoded else None,
+            "memory": {"rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes()},
+        }
+        if self.device.startswith("cuda"):
+            import torch
+
+            out["memory"]["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            out["memory"]["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        return out
+
+    def _count_model_calls(self) -> None:
+        """Time the encoder and decoder with forward hooks, so every engine is counted."""
+        model, counters = self._model, self._counters
+
+        def pre(key):
+            def hook(module, args):
+                counters.extra[key] = time.perf_counter()
+
+            return hook
+
+        def post(key, windows: bool):
+            def hook(module, args, output):
+                elapsed = time.perf_counter() - counters.extra.pop(key, time.perf_counter())
+                if windows:
+                    counters.windows_encoded += output.shape[0]
+                    counters.encode_seconds += elapsed
+                else:
+                    counters.decode_seconds += elapsed
+
+            return hook
+
+        model.encoder.register_forward_pre_hook(pre("enc"))
+        model.encoder.register_forward_hook(post("enc", True))
+        model.decoder.register_forward_pre_hook(pre("dec"))
+        model.decoder.register_forward_hook(post("dec", False))
+
+
+def _describe(weights_info: dict, params: int | None, device: str | None, dtype: str | None) -> dict:
+    from whisper.tokenizer import LANGUAGES
+
+    dims = weights_info["dims"]
+    multilingual = dims["n_vocab"] >= 51865
+    n_languages = dims["n_vocab"] - 51765 - int(multilingual)
+    return {
+        **weights_info,
+        "parameters": params,
+        "layers": {"encoder": dims["n_audio_layer"], "decoder": dims["n_text_layer"]},
+        "heads": {"encoder": dims["n_audio_head"], "decoder": dims["n_text_head"]},
+        "width": dims["n_audio_state"],
+        "vocabulary": dims["n_vocab"],
+        "audio_context": dims["n_audio_ctx"],
+        "text_context": dims["n_text_ctx"],
+        "multilingual": multilingual,
+        "languages": list(LANGUAGES)[:n_languages] if multilingual else ["en"],
+        "dtype": dtype,
+        "device": device,
+    }
+
+
+def _weights_info(weights) -> dict:
+    from .resolve import openai_alignment_heads
+
+    if not weights.alignment_heads and weights.name:
+        weights.alignment_heads = openai_alignment_heads(
+            weights.name, weights.dims["n_text_layer"], weights.dims["n_text_head"]
+        )
+    return {
+        "name": weights.name or Path(weights.source).name,
+        "source": weights.source,
+        "format": weights.format,
+        "sha256": weights.sha256,
+        "dims": weights.dims,
+        "alignment_heads_known": bool(weights.alignment_heads),
+        **weights.extra,
+    }
+
+
+def describe_model(model_path: str) -> dict:
+    """info() without building the model or touching a device: reads the weights only."""
+    from .resolve import resolve
+
+    weights = resolve(model_path)
+    params = sum(t.numel() for t in weights.state_dict.values())
+    return _describe(_weights_info(weights), params, None, None)
+
+
+def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto") -> dict:
+    """Resolve (converting and caching if needed), load, and run one forward pass, timing each."""
+    start = time.perf_counter()
+    from .devices import choose, torch_dtype
+    from .model import build_model
+    from .resolve import resolve
+
+    placement = choose(device, dtype)
+    weights = resolve(model_path)
+    resolved = time.perf_counter()
+    info = _weights_info(weights)
+    executor = WhisperModelExecutor(build_model(weights, placement.device, torch_dtype(placement.dtype)), info, placement.device, placement.dtype)
+    loaded = time.perf_counter()
+    forward = executor.warmup()
+    return {
+        "model": info["name"],
+        "format": info["format"],
+        "source": info["source"],
+        "device": placement.device,
+        "dtype": placement.dtype,
+        "resolve_seconds": round(resolved - start, 3),
+        "load_seconds": round(loaded - resolved, 3),
+        "forward_seconds": round(forward, 3),
+        "total_seconds": round(time.perf_counter() - start, 3),
+    }
