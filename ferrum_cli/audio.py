@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,15 +42,12 @@ def find_ffmpeg() -> FFmpegInfo:
         return FFmpegInfo(imageio_ffmpeg.get_ffmpeg_exe(), "imageio-ffmpeg")
     except Exception as exc:  # imageio-ffmpeg raises RuntimeError when its binary is missing
         raise FFmpegNotFoundError(
-            f"ffmpeg not found on PATH and imageio-ffmpeg has none ({exc}); "
-            "install ffmpeg or set FERRUM_FFMPEG"
+            f"ffmpeg not found on PATH and imageio-ffmpeg has none ({exc}); install ffmpeg or set FERRUM_FFMPEG"
         ) from None
 
 
 def ffmpeg_version() -> str:
-    out = subprocess.run(
-        [find_ffmpeg().path, "-version"], capture_output=True, text=True, check=False
-    ).stdout
+    out = subprocess.run([find_ffmpeg().path, "-version"], capture_output=True, text=True, check=False).stdout
     first = out.splitlines()[0] if out else ""
     return first.split(" version ")[1].split()[0] if " version " in first else "unknown"
 
@@ -58,26 +57,61 @@ def _decode_args(source: str, start: float | None = None) -> list[str]:
     import ffmpeg
 
     in_kwargs = {"ss": f"{start:.3f}"} if start else {}
-    stream = ffmpeg.input(source, **in_kwargs).output(
-        "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE
-    )
-    return stream.global_args("-nostdin", "-hide_banner", "-v", "error").compile(
+    stream = ffmpeg.input(source, **in_kwargs).output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE)
+    return stream.global_args("-nostdin", "-hide_banner", "-nostats", "-v", "level+info").compile(
         cmd=find_ffmpeg().path
     )
 
 
-def _reason(stderr: str, source: str) -> str:
-    """ffmpeg's own last complaint, without the input name it repeats."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    if not lines:
-        return "ffmpeg produced no audio"
-    line = lines[-1]
-    for prefix in (source + ": ", "pipe:0: ", "pipe:: "):
-        if line.startswith(prefix):
-            line = line[len(prefix) :]
-    if "does not contain any stream" in line or "matches no streams" in line:
-        return "no audio stream"
-    return line
+_TAG = re.compile(r"^(?:\[[^\]]* @ 0x[0-9a-f]+\] )*\[(\w+)\] (?:\[[^\]]* @ 0x[0-9a-f]+\] )*(.*)$")
+_DURATION = re.compile(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
+
+
+@dataclass
+class FFmpegLog:
+    """ffmpeg's stderr at `-v level+info`: its errors, and the duration the container declares."""
+
+    errors: list[str]
+    declared_seconds: float | None
+
+    @classmethod
+    def parse(cls, stderr: str) -> FFmpegLog:
+        errors, declared = [], None
+        for line in stderr.splitlines():
+            m = _TAG.match(line.strip())
+            if not m:
+                continue
+            level, text = m.groups()
+            if level in ("error", "fatal", "panic"):
+                errors.append(text.strip())
+            elif declared is None and (d := _DURATION.search(text)):
+                declared = int(d.group(1)) * 3600 + int(d.group(2)) * 60 + float(d.group(3))
+        return cls(errors, declared)
+
+    def reason(self, source: str) -> str:
+        """ffmpeg's own last complaint, without the input name it repeats."""
+        if not self.errors:
+            return "no audio decoded"
+        if any("does not contain any stream" in e or "matches no streams" in e for e in self.errors):
+            return "no audio stream"
+        line = self.errors[-1]
+        for prefix in (source + ": ", "pipe:0: ", "pipe:: "):
+            line = line.removeprefix(prefix)
+        return line.removeprefix("Decoding error: ")
+
+    def warning(self, decoded_seconds: float, source: str) -> str | None:
+        """Set when audio came out but not all of it: a truncated or damaged file."""
+        short = self.declared_seconds is not None and decoded_seconds < self.declared_seconds - 1.0
+        if not (self.errors or short):
+            return None
+        what = f"decoded {decoded_seconds:.1f} s"
+        if self.declared_seconds is not None:
+            what += f" of {self.declared_seconds:.1f} s"
+        return (
+            f"truncated or damaged input ({what}): {self.reason(source)}"
+            if self.errors
+            else f"truncated input ({what})"
+        )
 
 
 def _check_readable(path: Path) -> None:
@@ -109,13 +143,12 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
         capture_output=True,
         check=False,
     )
-    stderr = proc.stderr.decode("utf-8", "replace")
+    log = FFmpegLog.parse(proc.stderr.decode("utf-8", "replace"))
     out = proc.stdout[: len(proc.stdout) - len(proc.stdout) % 4]
     samples = np.frombuffer(out, np.float32)
     if samples.size == 0:
-        raise AudioDecodeError(_reason(stderr, source) if stderr.strip() else "no audio decoded")
-    warning = _reason(stderr, source) if (proc.returncode != 0 or stderr.strip()) else None
-    return DecodedAudio(samples.copy(), warning)
+        raise AudioDecodeError(log.reason(source))
+    return DecodedAudio(samples.copy(), log.warning(samples.size / SAMPLE_RATE, source))
 
 
 def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
@@ -132,35 +165,52 @@ def decode_bytes(data: bytes) -> DecodedAudio:
     return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
 
 
-def stream_file(path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> Iterator[np.ndarray]:
-    """Yields float32 chunks as ffmpeg produces them, so memory does not grow with length."""
-    p = Path(path)
-    _check_readable(p)
-    source = os.path.abspath(p)
-    proc = subprocess.Popen(
-        _decode_args(source),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    chunk_bytes = int(chunk_seconds * SAMPLE_RATE) * 4
-    got_any = False
-    try:
-        assert proc.stdout is not None
-        while True:
-            buf = proc.stdout.read(chunk_bytes)
-            if not buf:
-                break
-            usable = len(buf) - len(buf) % 4
-            got_any = True
-            yield np.frombuffer(buf[:usable], np.float32).copy()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-        proc.wait()
-    if not got_any:
-        raise AudioDecodeError(_reason(stderr, source))
+class AudioStream:
+    """float32 chunks as ffmpeg produces them, so memory does not grow with length.
+
+    `warning` is set once the stream is exhausted, if the input turned out truncated or damaged.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> None:
+        p = Path(path)
+        _check_readable(p)
+        self.source = os.path.abspath(p)
+        self.chunk_bytes = int(chunk_seconds * SAMPLE_RATE) * 4
+        self.warning: str | None = None
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        proc = subprocess.Popen(
+            _decode_args(self.source), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        stderr_parts: list[bytes] = []
+        # drain stderr on the side: a damaged long file can fill the pipe and stall ffmpeg
+        drain = threading.Thread(target=lambda: stderr_parts.append(proc.stderr.read()), daemon=True)
+        drain.start()
+        total, finished = 0, False
+        try:
+            assert proc.stdout is not None
+            pending = b""
+            while buf := proc.stdout.read(self.chunk_bytes):
+                buf = pending + buf
+                usable = len(buf) - len(buf) % 4
+                pending = buf[usable:]
+                total += usable // 4
+                yield np.frombuffer(buf[:usable], np.float32).copy()
+            finished = True
+        finally:
+            if not finished:  # the reader stopped early (error, interrupt): stop ffmpeg too
+                proc.kill()
+            proc.stdout.close()
+            proc.wait()
+            drain.join()
+        log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"))
+        if total == 0:
+            raise AudioDecodeError(log.reason(self.source))
+        self.warning = log.warning(total / SAMPLE_RATE, self.source)
+
+
+def stream_file(path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> AudioStream:
+    return AudioStream(path, chunk_seconds)
 
 
 def log_mel(samples: np.ndarray, n_mels: int = 80, padding: int = 0):

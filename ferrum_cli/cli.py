@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -64,7 +64,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
     _state["debug"] = debug
@@ -103,36 +105,64 @@ TRANSCRIBE_EXAMPLES = """
 
 @app.command(epilog=TRANSCRIBE_EXAMPLES)
 def transcribe(
-    inputs: Annotated[Optional[list[str]], typer.Argument(help="Files, folders, glob patterns, or - for stdin.", show_default=False)] = None,
-    model: Annotated[str, typer.Option("--model", "-m", help="Model name (tiny, base, small…), .pt file, or model folder.")] = "base",
+    inputs: Annotated[
+        list[str] | None, typer.Argument(help="Files, folders, glob patterns, or - for stdin.", show_default=False)
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model name (tiny, base, small…), .pt file, or model folder.")
+    ] = "base",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
     language: Annotated[str, typer.Option("--language", "-l", help="Language code, or auto to detect it.")] = "auto",
     task: Annotated[str, typer.Option(help="transcribe, or translate to English.")] = "transcribe",
-    output_format: Annotated[list[str], typer.Option("--output-format", "-f", help="txt, srt, vtt, json, tsv, jsonl or all; repeatable.")] = ["txt"],  # noqa: B006
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Write <stem>.<ext> files here instead of stdout.")] = None,
+    output_format: Annotated[
+        list[str], typer.Option("--output-format", "-f", help="txt, srt, vtt, json, tsv, jsonl or all; repeatable.")
+    ] = ["txt"],  # noqa: B006
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="Write <stem>.<ext> files here instead of stdout.")
+    ] = None,
     skip_existing: Annotated[bool, typer.Option(help="Skip inputs whose outputs all exist; resumes a batch.")] = False,
     stdin_name: Annotated[str, typer.Option(help="Output stem for audio read from stdin.")] = "stdin",
-    beam_size: Annotated[Optional[int], typer.Option(help="Beam size; greedy when unset.", min=1)] = None,
-    best_of: Annotated[Optional[int], typer.Option(help="Candidates when sampling with temperature > 0.", min=1)] = None,
-    patience: Annotated[Optional[float], typer.Option(help="Beam search patience.")] = None,
+    beam_size: Annotated[int | None, typer.Option(help="Beam size; greedy when unset.", min=1)] = None,
+    best_of: Annotated[int | None, typer.Option(help="Candidates when sampling with temperature > 0.", min=1)] = None,
+    patience: Annotated[float | None, typer.Option(help="Beam search patience.")] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the first try.", min=0.0, max=1.0)] = 0.0,
-    temperature_increment_on_fallback: Annotated[Optional[float], typer.Option(help="Raise the temperature by this on each fallback.")] = 0.2,
-    compression_ratio_threshold: Annotated[Optional[float], typer.Option(help="Retry when the text's gzip ratio is above this.")] = 2.4,
-    logprob_threshold: Annotated[Optional[float], typer.Option(help="Retry when the mean log probability is below this.")] = -1.0,
-    no_speech_threshold: Annotated[Optional[float], typer.Option(help="Treat as silence above this no-speech probability.")] = 0.6,
-    initial_prompt: Annotated[Optional[str], typer.Option(help="Text to prime the first window with.")] = None,
-    condition_on_previous_text: Annotated[bool, typer.Option(help="Feed each window's text to the next (sequential engine).")] = True,
+    temperature_increment_on_fallback: Annotated[
+        float | None, typer.Option(help="Raise the temperature by this on each fallback.")
+    ] = 0.2,
+    compression_ratio_threshold: Annotated[
+        float | None, typer.Option(help="Retry when the text's gzip ratio is above this.")
+    ] = 2.4,
+    logprob_threshold: Annotated[
+        float | None, typer.Option(help="Retry when the mean log probability is below this.")
+    ] = -1.0,
+    no_speech_threshold: Annotated[
+        float | None, typer.Option(help="Treat as silence above this no-speech probability.")
+    ] = 0.6,
+    initial_prompt: Annotated[str | None, typer.Option(help="Text to prime the first window with.")] = None,
+    condition_on_previous_text: Annotated[
+        bool, typer.Option(help="Feed each window's text to the next (sequential engine).")
+    ] = True,
     word_timestamps: Annotated[bool, typer.Option(help="Time each word (sequential engine).")] = False,
-    max_line_width: Annotated[Optional[int], typer.Option(help="srt/vtt: characters per line (needs --word-timestamps).", min=1)] = None,
-    max_line_count: Annotated[Optional[int], typer.Option(help="srt/vtt: lines per cue (needs --word-timestamps).", min=1)] = None,
-    max_words_per_line: Annotated[Optional[int], typer.Option(help="srt/vtt: words per line (needs --word-timestamps).", min=1)] = None,
+    max_line_width: Annotated[
+        int | None, typer.Option(help="srt/vtt: characters per line (needs --word-timestamps).", min=1)
+    ] = None,
+    max_line_count: Annotated[
+        int | None, typer.Option(help="srt/vtt: lines per cue (needs --word-timestamps).", min=1)
+    ] = None,
+    max_words_per_line: Annotated[
+        int | None, typer.Option(help="srt/vtt: words per line (needs --word-timestamps).", min=1)
+    ] = None,
     highlight_words: Annotated[bool, typer.Option(help="srt/vtt: underline each word as it is spoken.")] = False,
-    sequential: Annotated[bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")] = False,
+    sequential: Annotated[
+        bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 8,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch.", min=1)] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results and errors.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print segments on stderr as they are decoded.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Print segments on stderr as they are decoded.")
+    ] = False,
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch

@@ -113,7 +113,9 @@ class FerrumDecodingTask(DecodingTask):
 
 
 @torch.no_grad()
-def decode(model, mel: Tensor, options: DecodingOptions | None = None, **kwargs) -> DecodingResult | list[DecodingResult]:
+def decode(
+    model, mel: Tensor, options: DecodingOptions | None = None, **kwargs
+) -> DecodingResult | list[DecodingResult]:
     """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it."""
     from dataclasses import replace
 

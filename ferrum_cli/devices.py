@@ -68,9 +68,7 @@ def choose(device: str = "auto", dtype: str = "auto") -> Placement:
     available = available_devices()
     device = (device or "auto").lower()
     if device == "auto":
-        device = next((d for d in available if d.startswith("cuda")), None) or (
-            "mps" if "mps" in available else "cpu"
-        )
+        device = next((d for d in available if d.startswith("cuda")), None) or ("mps" if "mps" in available else "cpu")
     elif device == "cuda":
         device = "cuda:0"
     if device not in available:

@@ -126,18 +126,15 @@ class WhisperModelExecutor:
                     chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
                 else:
                     chunks, samples, warning = stream_file(audio), None, None
-                if warning and on_warning:
-                    on_warning(f"decoded with errors: {warning}")
-                if options.sequential:
-                    if samples is None:
-                        import numpy as np
-
-                        samples = np.concatenate(list(chunks))
+                if samples is not None and options.sequential:
                     result = transcribe_sequential(model, samples, options, on_segment)
                 else:
                     result = transcribe_batched(model, chunks, options, on_segment, on_progress)
+                warning = warning or getattr(chunks, "warning", None)
                 if warning:
                     result.warnings.append(warning)
+                    if on_warning:
+                        on_warning(warning)
             except FerrumError:
                 self._counters.errors += 1
                 raise
@@ -169,7 +166,9 @@ class WhisperModelExecutor:
         element = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
         params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
         # one window: encoder activations (ctx x width x ~12 live tensors) plus attention maps
-        activation = (dims["n_audio_ctx"] * dims["n_audio_state"] * 12 + dims["n_audio_head"] * dims["n_audio_ctx"] ** 2) * element
+        activation = (
+            dims["n_audio_ctx"] * dims["n_audio_state"] * 12 + dims["n_audio_head"] * dims["n_audio_ctx"] ** 2
+        ) * element
         return {
             "tasks": ["transcribe", "translate"] if dims["n_vocab"] >= 51865 else ["transcribe"],
             "word_timestamps": True,
@@ -291,7 +290,9 @@ def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto") -> 
     weights = resolve(model_path)
     resolved = time.perf_counter()
     info = _weights_info(weights)
-    executor = WhisperModelExecutor(build_model(weights, placement.device, torch_dtype(placement.dtype)), info, placement.device, placement.dtype)
+    executor = WhisperModelExecutor(
+        build_model(weights, placement.device, torch_dtype(placement.dtype)), info, placement.device, placement.dtype
+    )
     loaded = time.perf_counter()
     forward = executor.warmup()
     return {

@@ -20,7 +20,7 @@ def default_model_readiness(name: str) -> tuple[bool, str]:
     """Ready with no network: in our cache, in openai-whisper's cache, or a verified pack is installed."""
     from . import cache
     from .packs import packs_for
-    from .resolve import _openai_cache_dir, _download_url
+    from .resolve import _download_url, _openai_cache_dir
 
     if cache.cached_entry(name):
         return True, "in the ferrum cache"

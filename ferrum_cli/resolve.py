@@ -73,7 +73,9 @@ def _from_pack(name: str) -> Weights | None:
         except ModelError as exc:
             problems.append(exc.message)
             continue
-        weights = Weights(dims, state, config.get("alignment_heads"), "pack", "+".join(pack.distributions), pack.sha256, name)
+        weights = Weights(
+            dims, state, config.get("alignment_heads"), "pack", "+".join(pack.distributions), pack.sha256, name
+        )
         try:
             cache.store(weights)
         except OSError as exc:

@@ -91,9 +91,7 @@ class Transcription:
 def _mel_windows(model, windows: list[np.ndarray]) -> torch.Tensor:
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
-    mels = [
-        pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES) for w in windows
-    ]
+    mels = [pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES) for w in windows]
     return torch.stack(mels).to(model.device)
 
 
@@ -142,7 +140,10 @@ def cut_windows(chunks: Iterable[np.ndarray]) -> Iterator[tuple[float, np.ndarra
 
 
 def _needs_fallback(result, options: TranscribeOptions) -> bool:
-    if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
+    if (
+        options.compression_ratio_threshold is not None
+        and result.compression_ratio > options.compression_ratio_threshold
+    ):
         return True
     if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
         return not _is_silence(result, options)
@@ -181,38 +182,21 @@ def _decode_batch(model, mel: torch.Tensor, options: TranscribeOptions, prompt: 
 
 
 def _segments_from_tokens(result, offset: float, duration: float, tokenizer, first_id: int) -> list[Segment]:
-    """Split a window's tokens at its timestamp tokens, as openai-whisper does."""
+    """Split a window's tokens at its timestamp tokens; text after the last one ends with the window."""
     begin = tokenizer.timestamp_begin
-    tokens = result.tokens
-    stamps = [i for i, t in enumerate(tokens) if t >= begin]
-    pieces: list[tuple[float, float, list[int]]] = []
-    start_time, current = None, []
-    for i, t in enumerate(tokens):
-        if t >= begin:
-            stamp = (t - begin) * 0.02
-            if start_time is None:
-                start_time = stamp
-            elif current:
-                pieces.append((start_time, stamp, current))
-                current, start_time = [], None
-            else:
-                start_time = stamp
-        else:
-            current.append(t)
-            if start_time is None:
-                start_time = 0.0
-    if current:
-        pieces.append((start_time or 0.0, duration if stamps else duration, current))
-    segments = []
-    for start, end, text_tokens in pieces:
+    segments: list[Segment] = []
+    start, text_tokens = 0.0, []
+
+    def close(end: float) -> None:
         text = tokenizer.decode(text_tokens)
         if not text.strip():
-            continue
+            return
+        start_s, end_s = min(start, duration), min(max(end, start), duration)
         segments.append(
             Segment(
                 first_id + len(segments),
-                round(offset + min(start, duration), 3),
-                round(offset + min(max(end, start), duration), 3),
+                round(offset + start_s, 3),
+                round(offset + end_s, 3),
                 text,
                 list(text_tokens),
                 result.avg_logprob,
@@ -221,6 +205,18 @@ def _segments_from_tokens(result, offset: float, duration: float, tokenizer, fir
                 result.temperature,
             )
         )
+
+    for token in result.tokens:
+        if token >= begin:
+            stamp = (token - begin) * 0.02
+            if text_tokens:
+                close(stamp)
+                text_tokens = []
+            start = stamp
+        else:
+            text_tokens.append(token)
+    if text_tokens:
+        close(duration)
     return segments
 
 
@@ -270,7 +266,9 @@ def transcribe_batched(
             for (offset, window), result in zip(audible, results):
                 if _is_silence(result, opts):
                     continue
-                for segment in _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, len(segments)):
+                for segment in _segments_from_tokens(
+                    result, offset, len(window) / SAMPLE_RATE, tokenizer, len(segments)
+                ):
                     segments.append(segment)
                     if on_segment:
                         on_segment(segment)

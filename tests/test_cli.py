@@ -1,0 +1,209 @@
+"""The real `ferrum` executable, in a subprocess, on corpus audio."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
+
+pytestmark = needs_corpus
+
+TIMESTAMP = {
+    "srt": re.compile(r"^(\d\d):(\d\d):(\d\d),(\d\d\d) --> (\d\d):(\d\d):(\d\d),(\d\d\d)$"),
+    "vtt": re.compile(r"^(?:(\d\d):)?(\d\d):(\d\d)\.(\d\d\d) --> (?:(\d\d):)?(\d\d):(\d\d)\.(\d\d\d)$"),
+}
+
+
+def _seconds(h, m, s, ms) -> float:
+    return int(h or 0) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+
+
+def cue_times(text: str, fmt: str) -> list[tuple[float, float]]:
+    out = []
+    for line in text.splitlines():
+        if m := TIMESTAMP[fmt].match(line.strip()):
+            g = m.groups()
+            out.append((_seconds(*g[:4]), _seconds(*g[4:])))
+    return out
+
+
+def test_single_file_prints_its_text():
+    proc = run_ferrum("transcribe", str(corpus(JFK)))
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
+    assert "language en" in proc.stderr  # detected and reported, on stderr only
+    assert "language" not in proc.stdout
+
+
+def test_stdin_pipe_prints_the_text():
+    proc = run_ferrum("transcribe", "-", stdin=corpus("de_librivox_simplicissimus_aeneas.mp3").read_bytes())
+    assert proc.returncode == 0, proc.stderr
+    assert "grimmelshausen" in proc.stdout.lower()
+
+
+def test_stdin_with_output_dir_writes_stdin_srt_or_the_given_name(tmp_path):
+    data = corpus(JFK).read_bytes()
+    proc = run_ferrum("transcribe", "-", "-f", "srt", "-o", str(tmp_path), stdin=data)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "stdin.srt").is_file() and proc.stdout == ""
+    proc = run_ferrum("transcribe", "-", "-f", "txt", "-o", str(tmp_path), "--stdin-name", "kennedy", stdin=data)
+    assert proc.returncode == 0 and (tmp_path / "kennedy.txt").is_file()
+
+
+def _make_tree(root: Path) -> None:
+    (root / "a" / "b").mkdir(parents=True)
+    shutil.copy(corpus(JFK), root / "jfk.flac")
+    shutil.copy(corpus("en_librispeech_61-70968-0000.flac"), root / "a" / "wizard.flac")
+    shutil.copy(corpus("en_librispeech_2830-3980-0043.wav"), root / "a" / "b" / "experience.wav")
+    (root / "a" / "notes.txt").write_text("not audio")
+    (root / "a" / "b" / "cover.jpg").write_bytes(b"\xff\xd8\xff")
+
+
+def test_directory_tree_gives_one_output_per_audio_file_with_mirrored_folders(tmp_path):
+    src, out = tmp_path / "talks", tmp_path / "out"
+    _make_tree(src)
+    proc = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "txt")
+    assert proc.returncode == 0, proc.stderr
+    produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert produced == ["a/b/experience.txt", "a/wizard.txt", "jfk.txt"]
+    assert "wizard" in (out / "a" / "wizard.txt").read_text()
+
+
+def test_quoted_recursive_glob_is_expanded_by_ferrum(tmp_path):
+    src, out = tmp_path / "talks", tmp_path / "out"
+    _make_tree(src)
+    proc = run_ferrum("transcribe", "**/*.flac", "-o", str(out), cwd=src)
+    assert proc.returncode == 0, proc.stderr
+    produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt"))
+    assert produced == ["a/wizard.txt", "jfk.txt"]
+
+
+def test_several_inputs_on_stdout_each_get_a_header():
+    proc = run_ferrum("transcribe", str(corpus(JFK)), str(corpus("en_librispeech_2830-3980-0043.wav")))
+    assert proc.returncode == 0, proc.stderr
+    headers = [ln for ln in proc.stdout.splitlines() if ln.startswith("==> ")]
+    assert len(headers) == 2 and JFK in headers[0]
+
+
+def test_every_format_is_written_and_parses_back(tmp_path):
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "-f", "all", "-o", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    stem = Path(JFK).stem
+    for fmt in ("srt", "vtt"):
+        times = cue_times((tmp_path / f"{stem}.{fmt}").read_text(), fmt)
+        assert times, fmt
+        assert all(start < end for start, end in times)
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(times, times[1:])), "cues overlap or go back"
+        assert times[-1][1] <= 11.01
+    assert (tmp_path / f"{stem}.vtt").read_text().startswith("WEBVTT")
+    doc = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert doc["language"] == "en" and doc["duration"] == pytest.approx(11.0, abs=0.1) and doc["segments"]
+    lines = (tmp_path / f"{stem}.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert records and all({"start", "end", "text"} <= r.keys() for r in records)
+    tsv = (tmp_path / f"{stem}.tsv").read_text().splitlines()
+    assert tsv[0].split("\t") == ["start", "end", "text"]
+    assert "ask not what your country" in words((tmp_path / f"{stem}.txt").read_text())
+
+
+def test_jsonl_on_stdout_is_one_object_per_line():
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "-f", "jsonl")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert records and all(r["end"] > r["start"] for r in records)
+
+
+def test_skip_existing_skips_then_redoes_a_deleted_output(tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    shutil.copy(corpus("en_librispeech_2830-3980-0043.wav"), src / "one.wav")
+    shutil.copy(corpus("en_librispeech_4507-16021-0012.wav"), src / "two.wav")
+    assert run_ferrum("transcribe", str(src), "-o", str(out)).returncode == 0
+    first = (out / "one.txt").stat().st_mtime_ns
+    proc = run_ferrum("transcribe", str(src), "-o", str(out), "--skip-existing")
+    assert proc.returncode == 0 and re.search(r"│\s+0\s+│\s+2\s+│\s+0\s+│", proc.stderr), proc.stderr
+    (out / "two.txt").unlink()
+    proc = run_ferrum("transcribe", str(src), "-o", str(out), "--skip-existing")
+    assert proc.returncode == 0 and re.search(r"│\s+1\s+│\s+1\s+│\s+0\s+│", proc.stderr), proc.stderr
+    assert (out / "two.txt").is_file() and (out / "one.txt").stat().st_mtime_ns == first
+
+
+def test_a_corrupt_file_fails_alone_and_the_batch_exits_1(tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    shutil.copy(corpus("en_librispeech_2830-3980-0043.wav"), src / "good.wav")
+    (src / "bad.mp3").write_bytes(b"this is not audio at all\n" * 40)
+    proc = run_ferrum("transcribe", str(src), "-o", str(out))
+    assert proc.returncode == 1
+    assert (out / "good.txt").is_file() and not (out / "bad.txt").exists()
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "bad.mp3" in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_a_pattern_that_matches_nothing_exits_2(tmp_path):
+    proc = run_ferrum("transcribe", "'nothing/**/*.flac'", cwd=tmp_path)
+    assert proc.returncode == 2 and "no input matched" in proc.stderr
+    proc = run_ferrum("transcribe", "nothing/**/*.flac", cwd=tmp_path)
+    assert proc.returncode == 2
+
+
+def test_bad_option_values_exit_2():
+    assert run_ferrum("transcribe", str(SAMPLE), "-f", "docx").returncode == 2
+    assert run_ferrum("transcribe", str(SAMPLE), "--task", "dance").returncode == 2
+    assert run_ferrum("transcribe", str(SAMPLE), "--language", "klingon").returncode == 2
+    proc = run_ferrum("transcribe", str(SAMPLE), "--device", "cuda:7")
+    assert proc.returncode == 2 and "available: cpu" in proc.stderr
+
+
+def test_info_as_table_and_json():
+    proc = run_ferrum("info")
+    assert proc.returncode == 0 and "sha256" in proc.stdout and "base" in proc.stdout
+    doc = json.loads(run_ferrum("info", "--json").stdout)
+    assert doc["name"] == "base" and doc["dims"]["n_text_layer"] == 6 and doc["parameters"] > 7e7
+    assert doc["multilingual"] is True and len(doc["languages"]) == 99
+
+
+def test_status_as_table_and_json():
+    proc = run_ferrum("status")
+    assert proc.returncode == 0, proc.stderr
+    assert "ffmpeg" in proc.stdout and "torch" in proc.stdout
+    doc = json.loads(run_ferrum("status", "--json").stdout)
+    assert doc["versions"]["ferrum"] and doc["versions"]["torch"] and doc["versions"]["openai-whisper"]
+    assert doc["ffmpeg"]["source"] in ("PATH", "imageio-ffmpeg", "FERRUM_FFMPEG") and doc["ffmpeg"]["path"]
+    assert doc["devices"][0]["device"] == "cpu" and doc["devices"][0]["memory_bytes"] > 0
+    assert doc["default_device"] == "cpu" and doc["default_dtype"] == "float32"
+    assert doc["default_model_ready_offline"] is True
+    assert any(p["model"] == "base" for p in doc["installed_packs"])
+
+
+def test_status_fails_when_ffmpeg_is_unusable(tmp_path):
+    proc = run_ferrum("status", env={"FERRUM_FFMPEG": str(tmp_path / "nope")})
+    assert proc.returncode != 0 and "FERRUM_FFMPEG" in proc.stderr
+
+
+def test_warmup_prints_each_step_and_json():
+    proc = run_ferrum("warmup")
+    assert proc.returncode == 0 and "forward_seconds" in proc.stdout
+    doc = json.loads(run_ferrum("warmup", "--json", "--device", "cpu").stdout)
+    assert doc["model"] == "base" and doc["device"] == "cpu"
+    assert doc["resolve_seconds"] >= 0 and doc["load_seconds"] > 0 and doc["forward_seconds"] > 0
+
+
+def test_version_and_help():
+    proc = run_ferrum("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("ferrum ")
+    for command in ("transcribe", "info", "status", "warmup"):
+        proc = run_ferrum(command, "--help")
+        assert proc.returncode == 0 and "Examples" in proc.stdout, command
+
+
+def test_sample_that_ships_in_the_repo():
+    proc = run_ferrum("transcribe", str(SAMPLE))
+    assert proc.returncode == 0, proc.stderr
+    text = words(proc.stdout)
+    assert "welcome" in text and "speech recognition" in text and "lazy dog" in text

@@ -1,0 +1,102 @@
+"""WhisperModelExecutor: real base weights from the installed pack, real corpus audio."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ferrum_cli.errors import AudioDecodeError, ExecutorStateError
+from ferrum_cli.transcribe import TranscribeOptions
+
+from .conftest import JFK, corpus, corpus_rows, needs_corpus, words
+
+
+@needs_corpus
+def test_jfk_through_the_default_pack(executor):
+    text = executor.transcribe_file(corpus(JFK), language="en")
+    assert "ask not what your country can do for you" in words(text)
+
+
+@needs_corpus
+@pytest.mark.parametrize(
+    "name",
+    [
+        "en_jfk_inaugural_1961.flac",
+        "de_librivox_simplicissimus_aeneas.mp3",
+        "es_fleurs_000.ogg",
+        "es_mls_13697_11991_000000.opus",
+    ],
+)
+def test_bytes_give_the_same_text_as_the_file(executor, name):
+    path = corpus(name)
+    assert executor.transcribe_bytes(path.read_bytes()) == executor.transcribe_file(path)
+
+
+def test_random_bytes_are_a_typed_error(executor):
+    data = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    with pytest.raises(AudioDecodeError):
+        executor.transcribe_bytes(data)
+
+
+@needs_corpus
+def test_rich_result_has_segments_language_and_duration(executor):
+    result = executor.transcribe(corpus(JFK), TranscribeOptions())
+    assert result.language == "en" and result.language_probability > 0.5
+    assert result.duration == pytest.approx(11.0, abs=0.1)
+    assert result.segments and all(s.start < s.end <= result.duration for s in result.segments)
+    first = result.segments[0]
+    assert first.tokens and first.avg_logprob < 0 and 0 <= first.no_speech_prob <= 1 and first.compression_ratio > 0
+    assert result.options["language"] == "en"
+
+
+def test_info_capabilities_status(executor):
+    info = executor.info()
+    assert info["name"] == "base" and info["multilingual"] is True
+    assert info["dims"]["n_audio_layer"] == 6 and info["vocabulary"] == 51865
+    assert info["parameters"] > 70_000_000 and len(info["sha256"]) == 64
+    assert info["alignment_heads_known"] is True and info["device"] == "cpu"
+    caps = executor.capabilities()
+    assert caps["tasks"] == ["transcribe", "translate"] and "cpu" in caps["devices"]
+    assert caps["memory"]["parameter_bytes"] > 0 and caps["memory"]["activation_bytes_per_window"] > 0
+    status = executor.status()
+    assert status["state"] == "ready" and status["memory"]["rss_bytes"] > 0
+
+
+def test_warmup_runs_a_forward_pass_and_is_counted(executor):
+    before = executor.status()["counters"]["windows_encoded"]
+    assert executor.warmup() > 0
+    assert executor.status()["counters"]["windows_encoded"] > before
+
+
+def test_shutdown_makes_later_calls_fail_clearly():
+    from ferrum_cli import WhisperModelExecutor
+
+    ex = WhisperModelExecutor.from_path("base", device="cpu")
+    ex.shutdown()
+    assert ex.status()["state"] == "shutdown"
+    with pytest.raises(ExecutorStateError, match="shut down"):
+        ex.transcribe_bytes(b"RIFF")
+
+
+@needs_corpus
+def test_sequential_mode_matches_openai_whisper_on_every_english_clip(executor):
+    """Same weights, same options: our sequential engine gives openai-whisper's own text."""
+    import torch
+    import whisper
+    from whisper.model import Whisper
+
+    from ferrum_cli.audio import decode_file
+    from ferrum_cli.resolve import resolve
+
+    weights = resolve("base")
+    reference = Whisper(whisper.model.ModelDimensions(**weights.dims))
+    reference.load_state_dict({k: v.float() for k, v in weights.state_dict.items()}, strict=False)
+    reference.eval()
+    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    assert len(rows) == 12
+    options = TranscribeOptions(language="en", sequential=True)
+    for row in rows:
+        ours = executor.transcribe(row["path"], options).text
+        with torch.no_grad():
+            theirs = reference.transcribe(decode_file(row["path"]).samples, language="en", fp16=False)["text"]
+        assert words(ours) == words(theirs), row["file"]

@@ -1,0 +1,218 @@
+"""Bad input, interruptions and untrusted names, each through the real `ferrum` executable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ferrum_cli.audio import find_ffmpeg
+
+from .conftest import FERRUM, JFK, corpus, needs_corpus, run_ferrum, words
+
+pytestmark = needs_corpus
+
+SHORT = "en_librispeech_2830-3980-0043.wav"  # "experience proves this", 2 s
+
+
+def _one_error(proc, name: str) -> str:
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert name in errors[0] and "Traceback" not in proc.stderr
+    return errors[0]
+
+
+def _ffmpeg(*args: str) -> None:
+    subprocess.run([find_ffmpeg().path, "-nostdin", "-v", "error", "-y", *args], check=True)
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+    files = {
+        "empty": d / "empty.wav",
+        "text": d / "notes.mp3",
+        "random": d / "noise.bin.wav",
+        "novideo": d / "silent-film.mp4",
+        "tiny": d / "tiny.wav",
+    }
+    files["empty"].write_bytes(b"")
+    files["text"].write_text("This is a text file, not an mp3.\n" * 20)
+    files["random"].write_bytes(os.urandom(20000))
+    _ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x64:rate=5", "-t", "1", "-an", str(files["novideo"]))
+    _ffmpeg("-i", str(corpus(SHORT)), "-t", "0.1", str(files["tiny"]))
+    return files
+
+
+@pytest.mark.parametrize(
+    "key, reason",
+    [
+        ("empty", "empty file"),
+        ("text", "Invalid data"),
+        ("random", "Invalid data"),
+        ("novideo", "no audio stream"),
+    ],
+)
+def test_bad_input_is_one_line_and_the_batch_goes_on(bad_inputs, key, reason, tmp_path):
+    bad = bad_inputs[key]
+    proc = run_ferrum("transcribe", str(bad), str(corpus(SHORT)), "-o", str(tmp_path))
+    assert proc.returncode == 1
+    line = _one_error(proc, bad.name)
+    assert reason in line
+    assert "experience proves this" in words((tmp_path / "en_librispeech_2830-3980-0043.txt").read_text())
+
+
+def test_missing_file_is_reported_by_name(tmp_path):
+    proc = run_ferrum("transcribe", str(tmp_path / "gone.mp3"), str(corpus(SHORT)))
+    assert proc.returncode == 1 and "no such file" in _one_error(proc, "gone.mp3")
+    assert "experience proves this" in words(proc.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_reported(tmp_path):
+    locked = tmp_path / "locked.wav"
+    shutil.copy(corpus(SHORT), locked)
+    locked.chmod(0)
+    proc = run_ferrum("transcribe", str(locked))
+    assert proc.returncode == 1 and "permission denied" in _one_error(proc, "locked.wav")
+
+
+def test_empty_stdin_is_an_error():
+    proc = run_ferrum("transcribe", "-", stdin=b"")
+    assert proc.returncode == 1 and "empty" in _one_error(proc, "stdin")
+
+
+def test_a_tenth_of_a_second_transcribes_without_error(bad_inputs):
+    proc = run_ferrum("transcribe", str(bad_inputs["tiny"]))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("fmt, cut", [("mp3", 0.5), ("flac", 0.5)])
+def test_truncated_audio_transcribes_what_decodes_and_warns(tmp_path, fmt, cut):
+    whole = tmp_path / f"jfk.{fmt}"
+    _ffmpeg("-i", str(corpus(JFK)), str(whole))
+    data = whole.read_bytes()
+    truncated = tmp_path / f"cut.{fmt}"
+    truncated.write_bytes(data[: int(len(data) * cut)])
+    proc = run_ferrum("transcribe", str(truncated))
+    assert proc.returncode == 0, proc.stderr
+    assert "and so my fellow americans" in words(proc.stdout)
+    assert "warning:" in proc.stderr and "cut." in proc.stderr
+
+
+def test_directory_without_audio_exits_2(tmp_path):
+    (tmp_path / "readme.txt").write_text("nothing to hear")
+    proc = run_ferrum("transcribe", str(tmp_path))
+    assert proc.returncode == 2 and "no audio" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name", ["with space.wav", "ünïcødé 日本.wav", "-f", 'it\'s "quoted".wav', "new\nline.wav", "-leading.wav"]
+)
+def test_awkward_file_names_work_as_input_and_output(tmp_path, name):
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(corpus(SHORT), src / name)
+    out = tmp_path / "out"
+    proc = run_ferrum("transcribe", "-o", str(out), "--", str(src / name))
+    assert proc.returncode == 0, proc.stderr
+    produced = [p for p in out.iterdir()]
+    assert len(produced) == 1 and "experience proves this" in words(produced[0].read_text())
+    if "." in name:  # a folder walk takes media files by extension
+        proc = run_ferrum("transcribe", "-o", str(tmp_path / "walk"), str(src))
+        assert proc.returncode == 0 and len(list((tmp_path / "walk").iterdir())) == 1
+
+
+def test_unwritable_output_folder_fails_before_model_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    start = time.perf_counter()
+    proc = run_ferrum("transcribe", str(corpus(SHORT)), "-o", str(blocker / "out"))
+    assert proc.returncode == 1 and "cannot create output folder" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.perf_counter() - start < 30
+
+
+def test_outputs_never_land_outside_the_output_folder(tmp_path):
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    shutil.copy(corpus(SHORT), src / "sub" / "clip.wav")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sub").symlink_to(tmp_path, target_is_directory=True)  # a trap: out/sub leads back up
+    proc = run_ferrum("transcribe", str(src), "-o", str(out))
+    assert proc.returncode == 1 and "outside" in proc.stderr
+    assert not (tmp_path / "clip.txt").exists()
+
+
+def test_an_input_file_is_never_overwritten(tmp_path):
+    clip = tmp_path / "clip.txt"
+    shutil.copy(corpus(SHORT), tmp_path / "clip.wav")
+    shutil.copy(corpus(SHORT), clip)  # audio named .txt: its own txt output would be itself
+    before = clip.read_bytes()
+    proc = run_ferrum("transcribe", str(clip), "-o", str(tmp_path))
+    assert proc.returncode == 1 and "overwrite an input" in proc.stderr
+    assert clip.read_bytes() == before
+
+
+def test_same_stem_inputs_are_told_apart(tmp_path):
+    shutil.copy(corpus(SHORT), tmp_path / "talk.wav")
+    _ffmpeg("-i", str(corpus("en_librispeech_4507-16021-0012.wav")), str(tmp_path / "talk.flac"))
+    out = tmp_path / "out"
+    proc = run_ferrum("transcribe", str(tmp_path / "talk.wav"), str(tmp_path / "talk.flac"), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["talk.flac.txt", "talk.wav.txt"]
+
+
+def _batch_dir(tmp_path: Path, n: int) -> Path:
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(n):
+        shutil.copy(corpus(JFK), src / f"clip{i:02d}.flac")
+    return src
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, code):
+    src, out = _batch_dir(tmp_path, 6), tmp_path / "out"
+    proc = subprocess.Popen(
+        [FERRUM, "transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "clip00.json").exists():
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert "interrupted" in stderr and "done" in stderr  # the summary so far
+    finished = sorted(p.name for p in out.iterdir())
+    assert all(not n.startswith(".") for n in finished), "a temp file was left behind"
+    stems = {n.rsplit(".", 1)[0] for n in finished}
+    for stem in stems:  # every file that has outputs has all of them, whole
+        assert (out / f"{stem}.txt").is_file() and (out / f"{stem}.json").is_file()
+        assert "ask not what your country" in words((out / f"{stem}.txt").read_text())
+    assert 1 <= len(stems) < 6
+    resumed = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json", "--skip-existing")
+    assert resumed.returncode == 0
+    assert len(list(out.glob("*.txt"))) == 6
+
+
+def test_two_processes_on_the_same_outputs_never_corrupt_them(tmp_path):
+    src, out = _batch_dir(tmp_path, 2), tmp_path / "out"
+    args = [FERRUM, "transcribe", str(src), "-o", str(out), "-f", "json", "-q"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for p in procs:
+        p.communicate(timeout=300)
+        assert p.returncode == 0
+    import json
+
+    for f in out.iterdir():
+        assert not f.name.startswith(".")
+        json.loads(f.read_text())
