@@ -87,6 +87,7 @@ def run_batch(
     skip_existing: bool,
     events: BatchEvents,
     summary: BatchSummary,
+    debug: bool = False,
 ) -> BatchSummary:
     input_paths = {os.path.realpath(j.source) for j in jobs if not j.is_stdin}
     prefetch = _Prefetcher()
@@ -131,6 +132,13 @@ def run_batch(
                 summary.failed += 1
                 if events.on_failure:
                     events.on_failure(job, exc.message)
+                continue
+            except Exception as exc:  # a bug must not sink the rest of a long batch
+                if debug:
+                    raise
+                summary.failed += 1
+                if events.on_failure:
+                    events.on_failure(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])
                 continue
             with lock:
                 summary.done += 1

@@ -154,10 +154,27 @@ def transcribe(
         int | None, typer.Option(help="srt/vtt: words per line (needs --word-timestamps).", min=1)
     ] = None,
     highlight_words: Annotated[bool, typer.Option(help="srt/vtt: underline each word as it is spoken.")] = False,
+    hotwords: Annotated[str | None, typer.Option(help="Words to bias the decoder towards (names, jargon).")] = None,
+    multilingual: Annotated[
+        bool, typer.Option(help="Detect the language of each stretch of speech, for files that switch.")
+    ] = False,
+    vad: Annotated[
+        bool, typer.Option(help="Find speech with Silero VAD: skip silence, cut long audio at pauses.")
+    ] = True,
+    vad_threshold: Annotated[float, typer.Option(help="VAD: speech probability threshold.", min=0.0, max=1.0)] = 0.5,
+    vad_min_speech_ms: Annotated[int, typer.Option(help="VAD: drop speech shorter than this.", min=0)] = 0,
+    vad_max_speech_s: Annotated[float, typer.Option(help="VAD: split speech longer than this.", min=1.0)] = float(
+        "inf"
+    ),
+    vad_min_silence_ms: Annotated[int, typer.Option(help="VAD: silence needed to end speech.", min=0)] = 2000,
+    vad_speech_pad_ms: Annotated[int, typer.Option(help="VAD: padding kept on each side of speech.", min=0)] = 400,
+    compute: Annotated[
+        str, typer.Option(help="Batched engine: auto (bfloat16 where the CPU runs it natively) or float32.")
+    ] = "auto",
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")
     ] = False,
-    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 8,
+    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 16,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results and errors.")] = False,
     verbose: Annotated[
@@ -168,10 +185,13 @@ def transcribe(
     from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch
     from .inputs import expand
     from .transcribe import TranscribeOptions
+    from .vad import VadOptions
     from .writers import ensure_writable_dir, parse_formats, render, segment_json
 
     if task not in ("transcribe", "translate"):
         _fail(UsageError(f"unknown task {task!r}; choose transcribe or translate"))
+    if compute not in ("auto", "float32"):
+        _fail(UsageError(f"unknown compute {compute!r}; choose auto or float32"))
     formats = _run(parse_formats, output_format)
     if not inputs:
         if sys.stdin.isatty():
@@ -202,6 +222,17 @@ def transcribe(
         word_timestamps=word_timestamps,
         sequential=sequential or word_timestamps or (beam_size or 1) > 1,
         batch_size=batch_size,
+        vad=vad,
+        vad_options=VadOptions(
+            threshold=vad_threshold,
+            min_speech_duration_ms=vad_min_speech_ms,
+            max_speech_duration_s=vad_max_speech_s,
+            min_silence_duration_ms=vad_min_silence_ms,
+            speech_pad_ms=vad_speech_pad_ms,
+        ),
+        multilingual=multilingual,
+        hotwords=hotwords,
+        compute=compute,
     )
     layout = {
         "max_line_width": max_line_width,
@@ -266,7 +297,19 @@ def transcribe(
         executor = _load_executor(model, device, dtype, threads)
         if progress:
             progress.start()
-        _run(run_batch, executor, jobs, options, formats, output_dir, layout, skip_existing, events, summary)
+        _run(
+            run_batch,
+            executor,
+            jobs,
+            options,
+            formats,
+            output_dir,
+            layout,
+            skip_existing,
+            events,
+            summary,
+            _state["debug"],
+        )
     except (KeyboardInterrupt, Interrupted) as exc:
         summary.interrupted = True
         code = exc.code if isinstance(exc, Interrupted) else 130

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, GreedyDecoder, PyTorchInference
 
@@ -35,10 +36,106 @@ class PositionalInference(PyTorchInference):
             self.kv_cache[module] = cached[rows]
 
 
+class StaticCacheInference:
+    """Greedy decoding state in preallocated tensors: self-attention keys and values for every
+    position, cross-attention keys and values computed once.
+
+    Each step reads the cross-attention cache (batch x 1500 x width per layer) and the
+    51865 x width vocabulary projection; both are kept in `cache_dtype` (bfloat16 halves that
+    memory traffic), while the decoder's own layers run in the model's dtype: bfloat16 there
+    changed words on the corpus (Grimmelshausen became Gremelshausen).
+    """
+
+    def __init__(self, model, initial_token_length: int, sot_index: int, cache_dtype: torch.dtype) -> None:
+        self.decoder = model.decoder
+        self.dtype = next(model.decoder.parameters()).dtype
+        self.cache_dtype = cache_dtype
+        self.projection = _projection(model, cache_dtype)
+        self.initial_token_length, self.sot_index = initial_token_length, sot_index
+        self.cross: list[tuple[Tensor, Tensor]] | None = None
+        self.self_k: Tensor | None = None
+        self.self_v: Tensor | None = None
+        self.length = 0
+
+    def _heads(self, x: Tensor, n_head: int) -> Tensor:
+        return x.view(x.shape[0], x.shape[1], n_head, -1).transpose(1, 2)
+
+    def _start(self, audio_features: Tensor) -> None:
+        decoder = self.decoder
+        n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
+        n_head = decoder.blocks[0].attn.n_head
+        width = decoder.token_embedding.weight.shape[1]
+        features = audio_features.to(self.dtype)
+        with torch.autocast(features.device.type, dtype=self.cache_dtype, enabled=self.cache_dtype != self.dtype):
+            self.cross = [
+                (
+                    self._heads(block.cross_attn.key(features), n_head).to(self.cache_dtype),
+                    self._heads(block.cross_attn.value(features), n_head).to(self.cache_dtype),
+                )
+                for block in decoder.blocks
+            ]
+        shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
+        self.self_k = torch.empty(shape, dtype=self.dtype, device=features.device)
+        self.self_v = torch.empty(shape, dtype=self.dtype, device=features.device)
+        self.length = 0
+
+    def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
+        """[batch, 2, vocab] on the first pass (SOT, last), [batch, 1, vocab] after."""
+        if self.cross is None:
+            self._start(audio_features)
+        if self.length:
+            tokens, positions = tokens[:, -1:], [0]
+        else:
+            positions = [self.sot_index, tokens.shape[-1] - 1]
+        decoder = self.decoder
+        start, n_new = self.length, tokens.shape[-1]
+        end = start + n_new
+        x = (decoder.token_embedding(tokens) + decoder.positional_embedding[start:end]).to(self.dtype)
+        for i, block in enumerate(decoder.blocks):
+            attn = block.attn
+            h = block.attn_ln(x)
+            q = self._heads(attn.query(h), attn.n_head)
+            self.self_k[i, :, :, start:end] = self._heads(attn.key(h), attn.n_head)
+            self.self_v[i, :, :, start:end] = self._heads(attn.value(h), attn.n_head)
+            o = F.scaled_dot_product_attention(
+                q, self.self_k[i, :, :, :end], self.self_v[i, :, :, :end], is_causal=n_new > 1 and start == 0
+            )
+            x = x + attn.out(o.transpose(1, 2).flatten(2))
+            cross = block.cross_attn
+            q = self._heads(cross.query(block.cross_attn_ln(x)), cross.n_head).to(self.cache_dtype)
+            k, v = self.cross[i]
+            o = F.scaled_dot_product_attention(q, k, v).to(self.dtype)
+            x = x + cross.out(o.transpose(1, 2).flatten(2))
+            x = x + block.mlp(block.mlp_ln(x))
+        self.length = end
+        x = decoder.ln(x[:, positions])
+        return (x.to(self.projection.dtype) @ self.projection.T).float()
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self.self_k, self.self_v = self.self_k[:, rows], self.self_v[:, rows]
+
+    def cleanup_caching(self) -> None:
+        self.cross, self.self_k, self.self_v, self.length = None, None, None, 0
+
+
+def _projection(model, dtype: torch.dtype) -> Tensor:
+    """The token embedding as the output projection, in dtype; the copy is made once per model."""
+    weight = model.decoder.token_embedding.weight
+    if weight.dtype == dtype:
+        return weight
+    cached = getattr(model, "_ferrum_projection", None)
+    if cached is None or cached.dtype != dtype:
+        cached = weight.detach().to(dtype)
+        model._ferrum_projection = cached
+    return cached
+
+
 class FerrumDecodingTask(DecodingTask):
-    def __init__(self, model, options: DecodingOptions) -> None:
+    def __init__(self, model, options: DecodingOptions, fast_cache_dtype: torch.dtype | None = None) -> None:
         super().__init__(model, options)
         self.inference = PositionalInference(model, len(self.initial_tokens), self.sot_index)
+        self.fast_cache_dtype = fast_cache_dtype
 
     def _get_audio_features(self, mel: Tensor) -> Tensor:
         dtype = next(self.model.parameters()).dtype
@@ -78,6 +175,10 @@ class FerrumDecodingTask(DecodingTask):
 
     def _greedy_loop(self, audio_features: Tensor, tokens: Tensor):
         """Greedy decoding where finished sequences leave the batch."""
+        if self.fast_cache_dtype is not None:
+            self.inference = StaticCacheInference(
+                self.model, len(self.initial_tokens), self.sot_index, self.fast_cache_dtype
+            )
         eot = self.tokenizer.eot
         n_batch = tokens.shape[0]
         device = audio_features.device
@@ -114,14 +215,17 @@ class FerrumDecodingTask(DecodingTask):
 
 @torch.no_grad()
 def decode(
-    model, mel: Tensor, options: DecodingOptions | None = None, **kwargs
+    model, mel: Tensor, options: DecodingOptions | None = None, fast_cache_dtype: torch.dtype | None = None, **kwargs
 ) -> DecodingResult | list[DecodingResult]:
-    """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it."""
+    """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it.
+
+    fast_cache_dtype: greedy decoding uses the static-cache decoder, its caches in this dtype.
+    """
     from dataclasses import replace
 
     options = replace(options or DecodingOptions(), **kwargs)
     single = mel.ndim == 2
     if single:
         mel = mel.unsqueeze(0)
-    results = FerrumDecodingTask(model, options).run(mel)
+    results = FerrumDecodingTask(model, options, fast_cache_dtype).run(mel)
     return results[0] if single else results

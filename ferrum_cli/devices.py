@@ -101,3 +101,13 @@ def torch_dtype(dtype: str):
     import torch
 
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 matmuls run natively, about 3x faster than float32 for the encoder."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            flags = next((line for line in fh if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()

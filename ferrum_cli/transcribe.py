@@ -8,13 +8,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
+from .vad import VadOptions, speech_regions
 
 WINDOW = 30 * SAMPLE_RATE
 FRAME = SAMPLE_RATE // 50  # 20 ms, for finding pauses
@@ -35,7 +37,17 @@ class TranscribeOptions:
     initial_prompt: str | None = None
     word_timestamps: bool = False
     sequential: bool = False
-    batch_size: int = 8
+    batch_size: int = 16
+    vad: bool = True
+    vad_options: VadOptions = field(default_factory=VadOptions)
+    multilingual: bool = False  # detect the language of each window, not once per file
+    hotwords: str | None = None
+    compute: str = "auto"  # batched engine: "auto" (bfloat16 where the CPU runs it natively), "float32"
+
+    def prompt_text(self) -> str | None:
+        """Hotwords go ahead of the initial prompt: both bias the decoder towards their words."""
+        parts = [p.strip() for p in (self.hotwords, self.initial_prompt) if p and p.strip()]
+        return " ".join(parts) or None
 
     def decode_kwargs(self, temperature: float) -> dict:
         kwargs = {"task": self.task, "language": self.language, "temperature": temperature, "fp16": False}
@@ -58,12 +70,10 @@ class Segment:
     compression_ratio: float
     temperature: float
     words: list[dict] | None = None
+    language: str | None = None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        if self.words is None:
-            d.pop("words")
-        return d
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("words", "language")}
 
 
 @dataclass
@@ -88,25 +98,48 @@ class Transcription:
         }
 
 
-def _mel_windows(model, windows: list[np.ndarray]) -> torch.Tensor:
+def compute_dtype(model, options: TranscribeOptions) -> torch.dtype:
+    """The dtype the batched engine computes in: bfloat16 autocast on CPUs with native bfloat16."""
+    from .devices import cpu_has_native_bf16
+
+    weights = next(model.parameters()).dtype
+    if options.compute == "auto" and model.device.type == "cpu" and weights == torch.float32 and cpu_has_native_bf16():
+        return torch.bfloat16
+    return weights
+
+
+def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Log-mel of each window, padded to 30 s, through the encoder as one batch (autocast to dtype)."""
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
+    weights = next(model.parameters()).dtype
     mels = [pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES) for w in windows]
-    return torch.stack(mels).to(model.device)
+    mel = torch.stack(mels).to(model.device, weights)
+    dtype = dtype or weights
+    with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype != weights):
+        return model.encoder(mel).to(weights)
 
 
-def _speech_energy(samples: np.ndarray) -> float:
+def _loudness(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) if samples.size else 0.0
 
 
-def detect_language(model, windows: list[np.ndarray], tokenizer) -> tuple[str, float]:
-    """Average the language probabilities of up to three windows that hold sound."""
-    loud = [w for w in windows if _speech_energy(w) > 1e-3][:3]
-    if not loud or not model.is_multilingual:
-        return ("en" if not model.is_multilingual else "und"), (1.0 if not model.is_multilingual else 0.0)
-    mel = _mel_windows(model, loud).to(next(model.parameters()).dtype)
+def language_windows(windows: list[np.ndarray], count: int = 3) -> list[int]:
+    """Indices of up to `count` windows, spread over those given, that hold sound."""
+    audible = [i for i, w in enumerate(windows) if _loudness(w) > 1e-3]
+    if len(audible) <= count:
+        return audible
+    return [audible[round(k * (len(audible) - 1) / (count - 1))] for k in range(count)]
+
+
+def detect_language(model, features: torch.Tensor, tokenizer) -> tuple[str, float]:
+    """Average the language probabilities of several encoded windows; 'und' when there are none."""
+    if not model.is_multilingual:
+        return "en", 1.0
+    if features.shape[0] == 0:
+        return "und", 0.0
     with torch.no_grad():
-        _, probs = model.detect_language(model.encoder(mel), tokenizer)
+        _, probs = model.detect_language(features, tokenizer)
     total: dict[str, float] = {}
     for p in probs:
         for lang, value in p.items():
@@ -125,18 +158,61 @@ def quietest_cut(samples: np.ndarray, lo: int, hi: int) -> int:
     return lo + int(np.argmin(energy)) * FRAME + FRAME // 2
 
 
-def cut_windows(chunks: Iterable[np.ndarray]) -> Iterator[tuple[float, np.ndarray]]:
-    """(offset seconds, samples) windows of at most 30 s, cut at pauses, from a stream."""
+BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
+
+
+def _pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> list[tuple[int, int]]:
+    """Speech regions packed into windows of at most 30 s; a longer region is cut at its quietest point."""
+    windows: list[tuple[int, int]] = []
+    for start, end in regions:
+        while end - start > WINDOW:
+            cut = quietest_cut(samples, start + WINDOW * 2 // 3, start + WINDOW)
+            windows.append((start, cut))
+            start = cut
+        if merge and windows and end - windows[-1][0] <= WINDOW and start - windows[-1][1] < 5 * SAMPLE_RATE:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            windows.append((start, end))
+    return windows
+
+
+def plan_windows(
+    chunks: Iterable[np.ndarray], vad: bool, vad_options: VadOptions, merge: bool = True
+) -> Iterator[tuple[float, np.ndarray]]:
+    """(offset seconds, samples) windows of speech of at most 30 s, planned block by block from a stream.
+
+    The last window of a block may go on in the next one, so it is carried over unless the
+    speech in it ended more than a second before the block did.
+    """
     buffer = np.zeros(0, np.float32)
-    offset = 0
-    for chunk in chunks:
-        buffer = np.concatenate([buffer, chunk])
-        while len(buffer) > WINDOW:
-            cut = quietest_cut(buffer, WINDOW * 2 // 3, WINDOW)
-            yield offset / SAMPLE_RATE, buffer[:cut]
-            buffer, offset = buffer[cut:], offset + cut
-    if len(buffer) > 0:
-        yield offset / SAMPLE_RATE, buffer
+    offset = 0  # absolute sample index of buffer[0]
+    chunks = iter(chunks)
+    exhausted = False
+    while not exhausted:
+        parts = [buffer]
+        size = len(buffer)
+        while size < BLOCK + len(buffer):
+            chunk = next(chunks, None)
+            if chunk is None:
+                exhausted = True
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        buffer = np.concatenate(parts)
+        if len(buffer) == 0:
+            return
+        regions = speech_regions(buffer, vad_options) if vad else [(0, len(buffer))]
+        windows = _pack(buffer, regions, merge)
+        keep_from = len(buffer)
+        if not exhausted:
+            keep_from = max(len(buffer) - SAMPLE_RATE, 0)
+            if windows and len(buffer) - windows[-1][1] <= SAMPLE_RATE:
+                keep_from = windows.pop()[0]
+            elif windows:
+                keep_from = max(keep_from, windows[-1][1])
+        for start, end in windows:
+            yield (offset + start) / SAMPLE_RATE, buffer[start:end]
+        buffer, offset = buffer[keep_from:], offset + keep_from
 
 
 def _needs_fallback(result, options: TranscribeOptions) -> bool:
@@ -159,17 +235,17 @@ def _is_silence(result, options: TranscribeOptions) -> bool:
     )
 
 
-def _decode_batch(model, mel: torch.Tensor, options: TranscribeOptions, prompt: list[int] | None) -> list:
-    """Decode windows together; those that fail the thresholds go again at the next temperature."""
+def _decode_batch(
+    model, features: torch.Tensor, options: TranscribeOptions, prompt: list[int] | None, kv_dtype: torch.dtype
+) -> list:
+    """Decode encoded windows together; those that fail the thresholds go again at the next temperature."""
     from whisper.decoding import DecodingOptions
 
-    results: list = [None] * mel.shape[0]
-    pending = list(range(mel.shape[0]))
-    with torch.no_grad():
-        features = model.encoder(mel.to(next(model.parameters()).dtype))
+    results: list = [None] * features.shape[0]
+    pending = list(range(features.shape[0]))
     for temperature in options.temperature:
         kwargs = options.decode_kwargs(temperature)
-        decoded = model.decode(features[pending], DecodingOptions(**kwargs, prompt=prompt))
+        decoded = model.decode(features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=kv_dtype)
         still = []
         for index, result in zip(pending, decoded):
             results[index] = result
@@ -220,6 +296,18 @@ def _segments_from_tokens(result, offset: float, duration: float, tokenizer, fir
     return segments
 
 
+class _Counted:
+    """Passes chunks through and counts their samples: the duration of a stream."""
+
+    def __init__(self, chunks: Iterable[np.ndarray]) -> None:
+        self.chunks, self.samples = chunks, 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for chunk in self.chunks:
+            self.samples += len(chunk)
+            yield chunk
+
+
 def transcribe_batched(
     model,
     chunks: Iterable[np.ndarray],
@@ -229,53 +317,46 @@ def transcribe_batched(
 ) -> Transcription:
     from whisper.tokenizer import get_tokenizer
 
-    windows = cut_windows(chunks)
-    first: list[tuple[float, np.ndarray]] = []
-    for item in windows:
-        first.append(item)
-        if len(first) >= options.batch_size:
-            break
+    counted = _Counted(chunks)
+    windows = plan_windows(counted, options.vad, options.vad_options, merge=not options.multilingual)
+    dtype = compute_dtype(model, options)
+    first = list(itertools.islice(windows, options.batch_size))
+    first_features = encode_windows(model, [w for _, w in first], dtype) if first else None
     language, probability = options.language, 1.0
-    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, task=options.task)
     if language is None:
-        language, probability = detect_language(model, [w for _, w in first], tokenizer)
-    opts = TranscribeOptions(**{**options.__dict__, "language": None if language == "und" else language})
+        probe = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, task=options.task)
+        chosen = language_windows([w for _, w in first])
+        features = first_features[chosen] if first_features is not None else torch.zeros(0)
+        language, probability = detect_language(model, features, probe)
+    per_window = options.multilingual and options.language is None and model.is_multilingual
+    opts = replace(options, language=None if per_window or language == "und" else language)
     tokenizer = get_tokenizer(
         model.is_multilingual, num_languages=model.num_languages, language=opts.language or "en", task=opts.task
     )
-    prompt = tokenizer.encode(" " + opts.initial_prompt.strip()) if opts.initial_prompt else None
+    prompt_text = opts.prompt_text()
+    prompt = tokenizer.encode(" " + prompt_text) if prompt_text else None
 
     segments: list[Segment] = []
-    duration = 0.0
-
-    def batches() -> Iterator[list[tuple[float, np.ndarray]]]:
-        batch = list(first)
-        for item in windows:
-            if len(batch) == opts.batch_size:
-                yield batch
-                batch = []
-            batch.append(item)
-        if batch:
-            yield batch
-
-    for batch in batches():
-        audible = [(off, w) for off, w in batch if _speech_energy(w) > 1e-4]
-        if audible and language != "und":
-            mel = _mel_windows(model, [w for _, w in audible])
-            results = _decode_batch(model, mel, opts, prompt)
-            for (offset, window), result in zip(audible, results):
+    stream = itertools.chain(first, windows)
+    while batch := list(itertools.islice(stream, opts.batch_size)):
+        if language != "und":
+            if first_features is not None:
+                features, first_features = first_features, None
+            else:
+                features = encode_windows(model, [w for _, w in batch], dtype)
+            for (offset, window), result in zip(batch, _decode_batch(model, features, opts, prompt, dtype)):
                 if _is_silence(result, opts):
                     continue
-                for segment in _segments_from_tokens(
-                    result, offset, len(window) / SAMPLE_RATE, tokenizer, len(segments)
-                ):
+                found = _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, len(segments))
+                for segment in found:
+                    segment.language = result.language if per_window else None
                     segments.append(segment)
                     if on_segment:
                         on_segment(segment)
-        duration = batch[-1][0] + len(batch[-1][1]) / SAMPLE_RATE
         if on_progress:
-            on_progress(duration)
+            on_progress(batch[-1][0] + len(batch[-1][1]) / SAMPLE_RATE)
     text = "".join(s.text for s in segments).strip()
+    duration = counted.samples / SAMPLE_RATE
     return Transcription(text, segments, language, probability, duration, {**asdict(opts), "engine": "batched"})
 
 
@@ -289,13 +370,18 @@ def transcribe_sequential(
     from whisper.tokenizer import get_tokenizer
     from whisper.transcribe import transcribe
 
+    duration = len(samples) / SAMPLE_RATE
+    if options.vad:  # VAD only decides whether there is speech at all: the algorithm stays openai-whisper's
+        windows = [samples[a:b] for a, b in _pack(samples, speech_regions(samples, options.vad_options), merge=True)]
+    else:
+        windows = [samples[i : i + WINDOW] for i in range(0, len(samples), WINDOW)]
     language, probability = options.language, 1.0
     if language is None:
         tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
-        windows = [samples[i : i + WINDOW] for i in range(0, max(len(samples), 1), WINDOW)]
-        language, probability = detect_language(model, windows, tokenizer)
-    duration = len(samples) / SAMPLE_RATE
-    if language == "und":
+        chosen = [windows[i] for i in language_windows(windows)]
+        features = encode_windows(model, chosen) if chosen else torch.zeros(0)
+        language, probability = detect_language(model, features, tokenizer)
+    if not windows or language == "und":
         return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
     result = transcribe(
@@ -307,7 +393,7 @@ def transcribe_sequential(
         logprob_threshold=options.logprob_threshold,
         no_speech_threshold=options.no_speech_threshold,
         condition_on_previous_text=options.condition_on_previous_text,
-        initial_prompt=options.initial_prompt,
+        initial_prompt=options.prompt_text(),
         word_timestamps=options.word_timestamps,
         language=language,
         task=options.task,
