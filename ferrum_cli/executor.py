@@ -146,6 +146,16 @@ class WhisperModelExecutor:
         c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
         return result
 
+    def detect_language(self, audio: str | os.PathLike[str] | bytes) -> tuple[str, float]:
+        """(language code, probability) over several speech windows; ('und', 0.0) when there is no speech."""
+        from .audio import decode_bytes, stream_file
+        from .transcribe import identify_language
+
+        model = self._require_model()
+        chunks = [decode_bytes(bytes(audio)).samples] if isinstance(audio, (bytes, bytearray)) else stream_file(audio)
+        with self._lock:
+            return identify_language(model, chunks, TranscribeOptions())
+
     def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
         return self.transcribe(audio_path, TranscribeOptions(language=language)).text
 

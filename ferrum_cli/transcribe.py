@@ -148,14 +148,20 @@ def detect_language(model, features: torch.Tensor, tokenizer) -> tuple[str, floa
     return language, total[language]
 
 
-def quietest_cut(samples: np.ndarray, lo: int, hi: int) -> int:
-    """Sample index of the quietest 20 ms frame in [lo, hi): a pause, where no word is cut."""
+def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) -> int:
+    """Sample index in [lo, hi) at the middle of the quietest half second: the deepest pause.
+
+    A window that starts inside a sentence can make Whisper skip that sentence's start, so a
+    cut must fall in a real pause, not in the short dip between two words.
+    """
     region = samples[lo:hi]
     n = len(region) // FRAME
     if n == 0:
         return hi
     energy = np.square(region[: n * FRAME].reshape(n, FRAME)).mean(axis=1)
-    return lo + int(np.argmin(energy)) * FRAME + FRAME // 2
+    width = min(pause_frames, n)
+    smoothed = np.convolve(energy, np.ones(width) / width, mode="valid")
+    return lo + (int(np.argmin(smoothed)) + width // 2) * FRAME + FRAME // 2
 
 
 BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
@@ -166,7 +172,7 @@ def _pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> l
     windows: list[tuple[int, int]] = []
     for start, end in regions:
         while end - start > WINDOW:
-            cut = quietest_cut(samples, start + WINDOW * 2 // 3, start + WINDOW)
+            cut = quietest_cut(samples, start + WINDOW // 3, start + WINDOW)
             windows.append((start, cut))
             start = cut
         if merge and windows and end - windows[-1][0] <= WINDOW and start - windows[-1][1] < 5 * SAMPLE_RATE:
@@ -215,7 +221,42 @@ def plan_windows(
         buffer, offset = buffer[keep_from:], offset + keep_from
 
 
-def _needs_fallback(result, options: TranscribeOptions) -> bool:
+def repetition_loop(tokens: list[int], min_repeats: int = 5, max_period: int = 16) -> tuple[int, int] | None:
+    """(start, period) of the first run where the same 1..max_period tokens repeat min_repeats times.
+
+    Whisper's failure mode on hard audio is a loop of one phrase; the compression ratio catches
+    long loops, this catches short ones too.
+    """
+    n = len(tokens)
+    for start in range(n):
+        for period in range(1, max_period + 1):
+            end = start + period * min_repeats
+            if end > n:
+                break
+            unit = tokens[start : start + period]
+            if all(tokens[start + k * period : start + (k + 1) * period] == unit for k in range(1, min_repeats)):
+                return start, period
+    return None
+
+
+def _text_tokens(result, eot: int) -> list[int]:
+    return [t for t in result.tokens if t < eot]
+
+
+def _cut_loop(result, tokenizer):
+    """Keep one copy of a loop that outlived every fallback temperature: the loop is never emitted."""
+    text_tokens = _text_tokens(result, tokenizer.eot)
+    found = repetition_loop(text_tokens)
+    if found is None:
+        return result
+    start, period = found
+    kept = text_tokens[: start + period]
+    return replace(result, tokens=kept, text=tokenizer.decode(kept).strip())
+
+
+def _needs_fallback(result, options: TranscribeOptions, eot: int) -> bool:
+    if repetition_loop(_text_tokens(result, eot)):
+        return True
     if (
         options.compression_ratio_threshold is not None
         and result.compression_ratio > options.compression_ratio_threshold
@@ -236,24 +277,34 @@ def _is_silence(result, options: TranscribeOptions) -> bool:
 
 
 def _decode_batch(
-    model, features: torch.Tensor, options: TranscribeOptions, prompt: list[int] | None, kv_dtype: torch.dtype
+    model,
+    features: torch.Tensor,
+    options: TranscribeOptions,
+    prompt: list[int] | None,
+    cache_dtype: torch.dtype,
+    tokenizer,
 ) -> list:
     """Decode encoded windows together; those that fail the thresholds go again at the next temperature."""
     from whisper.decoding import DecodingOptions
 
     results: list = [None] * features.shape[0]
     pending = list(range(features.shape[0]))
+    eot = tokenizer.eot
     for temperature in options.temperature:
         kwargs = options.decode_kwargs(temperature)
-        decoded = model.decode(features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=kv_dtype)
+        decoded = model.decode(
+            features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=cache_dtype
+        )
         still = []
         for index, result in zip(pending, decoded):
             results[index] = result
-            if _needs_fallback(result, options):
+            if _needs_fallback(result, options, eot):
                 still.append(index)
         pending = still
         if not pending:
             break
+    for index in pending:  # still failing at the last temperature: at least never emit a loop
+        results[index] = _cut_loop(results[index], tokenizer)
     return results
 
 
@@ -294,6 +345,37 @@ def _segments_from_tokens(result, offset: float, duration: float, tokenizer, fir
     if text_tokens:
         close(duration)
     return segments
+
+
+def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOptions) -> tuple[str, float]:
+    """Language and probability from up to three speech windows of the first batch; 'und' without speech."""
+    from whisper.tokenizer import get_tokenizer
+
+    windows = plan_windows(chunks, options.vad, options.vad_options)
+    first = [w for _, w in itertools.islice(windows, options.batch_size)]
+    chosen = [first[i] for i in language_windows(first)]
+    features = encode_windows(model, chosen, compute_dtype(model, options)) if chosen else torch.zeros(0)
+    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
+    return detect_language(model, features, tokenizer)
+
+
+def _unfinished_tail(
+    result, pieces: list[Segment], offset: float, window: np.ndarray, options: TranscribeOptions, tokenizer
+) -> tuple[float, np.ndarray] | None:
+    """The audio after the last closed segment, when Whisper stopped early and speech goes on.
+
+    Whisper sometimes ends a window with a complete segment and end-of-text although the
+    window holds more speech; openai-whisper's sequential loop then seeks to that timestamp.
+    The batched engine decodes the rest of the window again, so no sentence is lost.
+    """
+    if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
+        return None
+    covered = pieces[-1].end - offset
+    rest = window[int(covered * SAMPLE_RATE) :]
+    if covered < 0.5 or len(rest) < SAMPLE_RATE:
+        return None
+    has_speech = speech_regions(rest, options.vad_options) if options.vad else _loudness(rest) > 1e-3
+    return (offset + covered, rest) if has_speech else None
 
 
 class _Counted:
@@ -340,24 +422,52 @@ def transcribe_batched(
     stream = itertools.chain(first, windows)
     while batch := list(itertools.islice(stream, opts.batch_size)):
         if language != "und":
-            if first_features is not None:
-                features, first_features = first_features, None
-            else:
-                features = encode_windows(model, [w for _, w in batch], dtype)
-            for (offset, window), result in zip(batch, _decode_batch(model, features, opts, prompt, dtype)):
-                if _is_silence(result, opts):
-                    continue
-                found = _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, len(segments))
-                for segment in found:
-                    segment.language = result.language if per_window else None
-                    segments.append(segment)
-                    if on_segment:
-                        on_segment(segment)
+            features = (
+                first_features if first_features is not None else encode_windows(model, [w for _, w in batch], dtype)
+            )
+            first_features = None
+            found: list[Segment] = []
+            work = batch
+            while work:  # windows, then the unfinished tails of windows, like openai-whisper's seek
+                tails = []
+                for (offset, window), result in zip(
+                    work, _decode_batch(model, features, opts, prompt, dtype, tokenizer)
+                ):
+                    if _is_silence(result, opts):
+                        continue
+                    pieces = _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, 0)
+                    for piece in pieces:
+                        piece.language = result.language if per_window else None
+                    found += pieces
+                    if tail := _unfinished_tail(result, pieces, offset, window, opts, tokenizer):
+                        tails.append(tail)
+                work = tails
+                features = encode_windows(model, [w for _, w in work], dtype) if work else None
+            for segment in sorted(found, key=lambda seg: seg.start):
+                segment.id = len(segments)
+                segments.append(segment)
+                if on_segment:
+                    on_segment(segment)
         if on_progress:
             on_progress(batch[-1][0] + len(batch[-1][1]) / SAMPLE_RATE)
     text = "".join(s.text for s in segments).strip()
     duration = counted.samples / SAMPLE_RATE
     return Transcription(text, segments, language, probability, duration, {**asdict(opts), "engine": "batched"})
+
+
+def snap_words_to_speech(segments: list[dict], regions: list[tuple[int, int]]) -> None:
+    """A word that starts in silence starts where the next speech does: Whisper's alignment
+    tends to stretch the first word of a stretch of speech back over the pause before it."""
+    starts = [a / SAMPLE_RATE for a, _ in regions]
+    ends = [b / SAMPLE_RATE for _, b in regions]
+    for segment in segments:
+        for word in segment.get("words") or []:
+            inside = any(a <= word["start"] < b for a, b in zip(starts, ends))
+            later = [a for a in starts if a > word["start"]]
+            if not inside and later and later[0] < word["end"]:
+                word["start"] = round(later[0], 3)
+        if segment.get("words"):
+            segment["start"] = segment["words"][0]["start"]
 
 
 def transcribe_sequential(
@@ -400,6 +510,8 @@ def transcribe_sequential(
         fp16=next(model.parameters()).dtype == torch.float16,
         **{k: v for k, v in decode.items() if v is not None},
     )
+    if options.word_timestamps and options.vad:
+        snap_words_to_speech(result["segments"], speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     segments = []
     for i, s in enumerate(result["segments"]):
         seg = Segment(
