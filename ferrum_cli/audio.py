@@ -115,13 +115,17 @@ class FFmpegLog:
 
 
 def _check_readable(path: Path) -> None:
-    if not path.exists():
-        raise InputError("no such file")
-    if path.is_dir():
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        raise InputError("permission denied") from None
+    except OSError:
+        raise InputError("no such file") from None
+    if os.path.isdir(path):
         raise InputError("is a directory")
     if not os.access(path, os.R_OK):
         raise InputError("permission denied")
-    if path.stat().st_size == 0:
+    if st.st_size == 0:
         raise AudioDecodeError("empty file")
 
 

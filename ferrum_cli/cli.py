@@ -19,6 +19,7 @@ from .errors import FerrumError, UsageError
 
 app = typer.Typer(
     add_completion=False,
+    pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode="rich",
     help="Fast, careful Whisper speech-to-text. Files, folders, globs or a pipe in; txt, srt, vtt, json out.",
@@ -49,6 +50,12 @@ def _run(func, *args, **kwargs):
         if _state["debug"]:
             raise
         _fail(exc)
+    except (KeyboardInterrupt, Interrupted, typer.Exit):
+        raise
+    except Exception as exc:  # a bug still ends in one line; --debug shows the traceback
+        if _state["debug"]:
+            raise
+        _fail(FerrumError(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]))
 
 
 class _WarningHandler(logging.Handler):
@@ -174,7 +181,7 @@ def transcribe(
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")
     ] = False,
-    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 16,
+    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 8,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results and errors.")] = False,
     verbose: Annotated[

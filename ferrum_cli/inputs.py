@@ -52,7 +52,7 @@ def walk_media(root: Path) -> list[Path]:
         dirnames.sort()
         for name in sorted(filenames):
             path = Path(dirpath) / name
-            if _is_media(path) and path.is_file():
+            if _is_media(path) and os.path.isfile(path):
                 found.append(path)
     return found
 
@@ -70,7 +70,7 @@ def _has_magic(text: str) -> bool:
 
 def _safe_relative(path: Path) -> PurePosixPath:
     """A relative output path that can only go down: no '..', no root, no empty parts."""
-    parts = [p for p in PurePosixPath(path.as_posix()).parts if p not in ("", ".", "..", "/")]
+    parts = [p for p in PurePosixPath(path.as_posix()).parts if p.strip("/") not in ("", ".", "..")]
     parts = [p.replace("\n", " ").replace("\r", " ") for p in parts]
     return PurePosixPath(*parts) if parts else PurePosixPath("audio")
 
@@ -95,7 +95,7 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
                 jobs.append(Job(STDIN, _safe_relative(Path(stdin_name)), "<stdin>"))
             continue
         path = Path(item)
-        if path.is_dir():
+        if os.path.isdir(path):  # os.path's checks answer False where pathlib's raise (EACCES)
             files = walk_media(path)
             if not files:
                 raise UsageError(f"no audio or video files in directory '{item}'")
@@ -106,7 +106,7 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
             add(path, _safe_relative(_stem(Path(path.name))))
         else:
             matches = sorted(glob.glob(item, recursive=True))
-            matches = [m for m in matches if Path(m).is_file()]
+            matches = [m for m in matches if os.path.isfile(m)]
             if not matches:
                 unmatched.append(item)
             base = _glob_base(item)

@@ -77,7 +77,7 @@ def build_model(weights: Weights, device: str, dtype: torch.dtype) -> FerrumWhis
         model = FerrumWhisper(dims)
     state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in weights.state_dict.items()}
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:
         raise ModelIntegrityError(f"checkpoint does not fit its dims: {str(exc).splitlines()[0]}") from None
     missing = [k for k in missing if not k.endswith("alignment_heads")]

@@ -37,7 +37,7 @@ class TranscribeOptions:
     initial_prompt: str | None = None
     word_timestamps: bool = False
     sequential: bool = False
-    batch_size: int = 16
+    batch_size: int = 8
     vad: bool = True
     vad_options: VadOptions = field(default_factory=VadOptions)
     multilingual: bool = False  # detect the language of each window, not once per file

@@ -1,0 +1,73 @@
+"""Run a peer system over audio files in this process and print JSON: texts and seconds.
+
+    python bench/peers.py openai  --model base.pt  --language en  a.wav b.wav
+    python bench/peers.py faster  --model ct2_dir  --language en [--batch 8] a.wav
+
+Seconds count transcription only, not the model load, as ../shared/bench/asr_eval.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def ffmpeg_on_path() -> None:
+    """openai-whisper and faster-whisper call `ffmpeg` by name; give them ferrum's."""
+    import tempfile
+
+    from ferrum_cli.audio import find_ffmpeg
+
+    folder = tempfile.mkdtemp(prefix="bench_ffmpeg_")
+    os.symlink(find_ffmpeg().path, os.path.join(folder, "ffmpeg"))
+    os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+
+
+def run_openai(args) -> tuple[dict, float, float]:
+    import torch
+    import whisper
+
+    t0 = time.perf_counter()
+    checkpoint = torch.load(args.model, map_location="cpu", weights_only=True)
+    model = whisper.model.Whisper(whisper.model.ModelDimensions(**checkpoint["dims"]))
+    model.load_state_dict(checkpoint["model_state_dict"])
+    loaded = time.perf_counter()
+    texts = {}
+    for path in args.files:
+        texts[path] = model.transcribe(path, language=args.language, fp16=False)["text"]
+    return texts, loaded - t0, time.perf_counter() - loaded
+
+
+def run_faster(args) -> tuple[dict, float, float]:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    t0 = time.perf_counter()
+    model = WhisperModel(args.model, device="cpu", compute_type="int8")
+    engine = BatchedInferencePipeline(model) if args.batch else model
+    loaded = time.perf_counter()
+    extra = {"batch_size": args.batch} if args.batch else {}
+    texts = {}
+    for path in args.files:
+        segments, _ = engine.transcribe(path, beam_size=1, language=args.language, **extra)
+        texts[path] = "".join(s.text for s in segments)
+    return texts, loaded - t0, time.perf_counter() - loaded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("system", choices=["openai", "faster"])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--language")
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("files", nargs="+")
+    args = parser.parse_args()
+    ffmpeg_on_path()
+    texts, load_s, run_s = (run_openai if args.system == "openai" else run_faster)(args)
+    json.dump({"texts": texts, "load_seconds": load_s, "seconds": run_s}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""`make bench`: ferrum side by side with openai-whisper and faster-whisper on the shared corpus.
+
+Scenarios (the performance issue's): the English clips joined 6 times (about 603 s), the 12
+English clips in one process, the cold start on the JFK clip, and peak memory on a 10- and a
+60-minute file. Same audio, same base weights (the installed pack), greedy decoding, language
+given. Every system runs in its own process; peak RSS is that process's. The figures go to
+bench/results/latest.json. A benchmark, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpus"
+RESULTS = ROOT / "bench" / "results"
+BIN = Path(sys.executable).parent
+SR = 16000
+
+
+def english_rows() -> list[dict]:
+    with open(CORPUS / "manifest.tsv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return [r for r in rows if r["language"] == "en" and r["reference_transcript"] != "none"]
+
+
+def write_wav(path: Path, samples: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(SR)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+
+
+def build_audio(work: Path) -> dict:
+    from ferrum_cli.audio import decode_file
+
+    rows = english_rows()
+    clips = [str(CORPUS / r["file"]) for r in rows]
+    gap = np.zeros(SR, np.float32)
+    once = np.concatenate([x for c in clips for x in (decode_file(c).samples, gap)])
+    six = np.tile(once, 6)
+    write_wav(work / "longform_x6.wav", six)
+    write_wav(work / "sixty_minutes.wav", np.tile(six, 6))
+    return {
+        "clips": clips,
+        "clip_refs": {c: r["reference_transcript"] for c, r in zip(clips, rows)},
+        "clip_seconds": sum(len(decode_file(c).samples) for c in clips) / SR,
+        "longform": str(work / "longform_x6.wav"),
+        "longform_ref": " ".join([r["reference_transcript"] for r in rows] * 6),
+        "longform_seconds": len(six) / SR,
+        "sixty": str(work / "sixty_minutes.wav"),
+        "sixty_seconds": len(six) * 6 / SR,
+        "jfk": str(CORPUS / "en_jfk_inaugural_1961.flac"),
+    }
+
+
+def build_models(work: Path) -> dict:
+    """The same weights for everyone: openai's .pt and a CTranslate2 folder, from the base pack."""
+    import torch
+
+    from ferrum_cli.packs import PACKS, read_pack
+    from ferrum_cli.resolve import resolve
+
+    weights = resolve("base")
+    pt = work / "base.pt"
+    torch.save({"dims": weights.dims, "model_state_dict": {k: v.float() for k, v in weights.state_dict.items()}}, pt)
+    pack = next(p for p in PACKS if p.model == "base" and p.is_installed())
+    data, config = read_pack(pack)
+    ct2 = work / "ct2-base"
+    ct2.mkdir()
+    (ct2 / "model.bin").write_bytes(data)
+    (ct2 / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json"):
+        from importlib.resources import files
+
+        source = files(pack.config[0]).joinpath("data/" + name)
+        if source.is_file():
+            (ct2 / name).write_bytes(source.read_bytes())
+    return {"pt": str(pt), "ct2": str(ct2)}
+
+
+def run_measured(cmd: list[str]) -> tuple[str, float, int]:
+    """(stdout, wall seconds, peak RSS bytes) of one process; the RSS is that child's own (wait4)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_chunks = []
+    import threading
+
+    err_chunks: list[bytes] = []
+    t_out = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()))
+    t_err = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()))
+    t_out.start(), t_err.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    t_out.join(), t_err.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"bench: {shlex.join(cmd)[:200]} exited {proc.returncode}:\n{b''.join(err_chunks).decode()[-2000:]}")
+    return b"".join(out_chunks).decode(), wall, usage.ru_maxrss * 1024
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    from whisper.normalizers import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    ref, hyp = norm(reference).split(), norm(hypothesis).split()
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1] / max(len(ref), 1)
+
+
+def ferrum(inputs: list[str], work: Path, *extra: str) -> tuple[dict, float, int]:
+    out = Path(tempfile.mkdtemp(dir=work))
+    cmd = [str(BIN / "ferrum"), "transcribe", *inputs, "--language", "en", "-o", str(out), "-q", *extra]
+    _, wall, rss = run_measured(cmd)
+    texts = {i: (out / (Path(i).stem + ".txt")).read_text(encoding="utf-8") for i in inputs}
+    return texts, wall, rss
+
+
+def peer(system: str, model: str, inputs: list[str], *extra: str) -> tuple[dict, float, int, float]:
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "peers.py"),
+        system,
+        "--model",
+        model,
+        "--language",
+        "en",
+        *extra,
+        *inputs,
+    ]
+    out, wall, rss = run_measured(cmd)
+    doc = json.loads(out)
+    return doc["texts"], doc["seconds"], rss, wall
+
+
+def main() -> None:
+    if not (CORPUS / "manifest.tsv").exists():
+        sys.exit(f"bench: the shared corpus is not at {CORPUS}")
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    work = Path(tempfile.mkdtemp(prefix="ferrum_bench_"))
+    audio, models = build_audio(work), build_models(work)
+    rows: list[dict] = []
+
+    def record(scenario, system, audio_s, seconds, rss, text=None, ref=None, note=""):
+        row = {
+            "scenario": scenario,
+            "system": system,
+            "audio_seconds": round(audio_s, 1),
+            "seconds": round(seconds, 2),
+            "x_realtime": round(audio_s / seconds, 1),
+            "peak_rss_mb": round(rss / 2**20),
+            "wer": round(wer(ref, text), 4) if ref else None,
+            "note": note,
+        }
+        rows.append(row)
+        console.print(
+            f"  {scenario:<12} {system:<28} {row['x_realtime']:>6}x  {row['seconds']:>7.2f} s  "
+            f"WER {row['wer'] if row['wer'] is not None else '-'}  RSS {row['peak_rss_mb']} MB"
+        )
+
+    lf, lf_s, lf_ref = audio["longform"], audio["longform_seconds"], audio["longform_ref"]
+    console.print(f"[b]longform[/b] ({lf_s:.0f} s): the 12 English clips joined 6 times")
+    texts, wall, rss = ferrum([lf], work)
+    record("longform", "ferrum", lf_s, wall, rss, texts[lf], lf_ref, "whole process, model load included")
+    texts, secs, rss, _ = peer("openai", models["pt"], [lf])
+    record("longform", "openai-whisper fp32", lf_s, secs, rss, texts[lf], lf_ref, "transcribe() only")
+    texts, secs, rss, _ = peer("faster", models["ct2"], [lf])
+    record("longform", "faster-whisper int8", lf_s, secs, rss, texts[lf], lf_ref, "transcribe() only")
+    texts, secs, rss, _ = peer("faster", models["ct2"], [lf], "--batch", "8")
+    record("longform", "faster-whisper int8 batch 8", lf_s, secs, rss, texts[lf], lf_ref, "transcribe() only")
+
+    clips, clip_s = audio["clips"], audio["clip_seconds"]
+    joined = lambda texts: " ".join(texts[c] for c in clips)  # noqa: E731
+    clip_ref = " ".join(audio["clip_refs"][c] for c in clips)
+    console.print(f"[b]12 clips[/b] ({clip_s:.1f} s) in one process")
+    texts, wall, rss = ferrum(clips, work)
+    record("12 clips", "ferrum", clip_s, wall, rss, joined(texts), clip_ref, "whole process, model load included")
+    texts, secs, rss, _ = peer("openai", models["pt"], clips)
+    record("12 clips", "openai-whisper fp32", clip_s, secs, rss, joined(texts), clip_ref, "transcribe() only")
+    texts, secs, rss, _ = peer("faster", models["ct2"], clips)
+    record("12 clips", "faster-whisper int8", clip_s, secs, rss, joined(texts), clip_ref, "transcribe() only")
+
+    console.print("[b]cold start[/b]: the 11 s JFK clip, whole process, best of 3")
+    jfk = audio["jfk"]
+    best = min((ferrum([jfk], work) for _ in range(3)), key=lambda r: r[1])
+    record("cold start", "ferrum", 11.0, best[1], best[2], note="whole process")
+    best = min((peer("openai", models["pt"], [jfk]) for _ in range(3)), key=lambda r: r[3])
+    record("cold start", "openai-whisper fp32", 11.0, best[3], best[2], note="whole process")
+
+    console.print("[b]memory[/b]: peak RSS on 10 and 60 minutes")
+    _, wall, rss = ferrum([audio["sixty"]], work)
+    record("60 minutes", "ferrum", audio["sixty_seconds"], wall, rss, note="whole process")
+
+    by = {(r["scenario"], r["system"]): r for r in rows}
+    ours = by[("longform", "ferrum")]
+    ratios = {
+        "longform x_realtime": ours["x_realtime"],
+        "longform vs openai-whisper": round(
+            ours["x_realtime"] / by[("longform", "openai-whisper fp32")]["x_realtime"], 2
+        ),
+        "longform vs faster-whisper int8": round(
+            ours["x_realtime"] / by[("longform", "faster-whisper int8")]["x_realtime"], 2
+        ),
+        "longform vs faster-whisper batched": round(
+            ours["x_realtime"] / by[("longform", "faster-whisper int8 batch 8")]["x_realtime"], 2
+        ),
+        "longform WER ferrum - openai": round(ours["wer"] - by[("longform", "openai-whisper fp32")]["wer"], 4),
+        "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
+        "cold start seconds": by[("cold start", "ferrum")]["seconds"],
+        "60 min peak RSS MB": by[("60 minutes", "ferrum")]["peak_rss_mb"],
+        "60 min / 10 min peak RSS": round(by[("60 minutes", "ferrum")]["peak_rss_mb"] / ours["peak_rss_mb"], 2),
+    }
+    targets = {
+        "longform x_realtime": (">=", 40),
+        "longform vs openai-whisper": (">=", 4.5),
+        "longform vs faster-whisper batched": (">=", 1.25),
+        "longform WER ferrum - openai": ("<=", 0.0),
+        "12 clips x_realtime": (">=", 15),
+        "cold start seconds": ("<=", 2.5),
+        "60 min peak RSS MB": ("<=", 1536),
+        "60 min / 10 min peak RSS": ("<=", 1.10),
+    }
+    table = Table(title="ferrum bench (base, greedy, language given, CPU)")
+    for col in ("scenario", "system", "x real time", "seconds", "WER", "peak RSS"):
+        table.add_column(col, justify="right" if col not in ("scenario", "system") else "left")
+    for r in rows:
+        table.add_row(
+            r["scenario"],
+            r["system"],
+            f"{r['x_realtime']}x",
+            f"{r['seconds']:.2f}",
+            "-" if r["wer"] is None else f"{r['wer'] * 100:.1f}%",
+            f"{r['peak_rss_mb']} MB",
+        )
+    console.print(table)
+    summary = Table(title="ratios and targets")
+    for col in ("figure", "value", "target", "met"):
+        summary.add_column(col)
+    for key, value in ratios.items():
+        op, bound = targets.get(key, ("", None))
+        met = "" if bound is None else ("yes" if (value >= bound if op == ">=" else value <= bound) else "NO")
+        summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
+    console.print(summary)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "ratios": ratios,
+    }
+    (RESULTS / "latest.json").write_text(json.dumps(doc, indent=1) + "\n")
+    console.print(f"written {RESULTS / 'latest.json'}")
+
+
+if __name__ == "__main__":
+    main()
