@@ -28,7 +28,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 _state = {"debug": False}
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that no `except Exception` swallows it."""
+
     def __init__(self, code: int) -> None:
         self.code = code
 

@@ -292,9 +292,11 @@ def _decode_batch(
     eot = tokenizer.eot
     for temperature in options.temperature:
         kwargs = options.decode_kwargs(temperature)
-        decoded = model.decode(
-            features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=cache_dtype
-        )
+        with torch.random.fork_rng(devices=[]):  # sampling is seeded: the same input gives the same text
+            torch.manual_seed(int(temperature * 1000))
+            decoded = model.decode(
+                features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=cache_dtype
+            )
         still = []
         for index, result in zip(pending, decoded):
             results[index] = result
@@ -374,7 +376,11 @@ def _unfinished_tail(
     rest = window[int(covered * SAMPLE_RATE) :]
     if covered < 0.5 or len(rest) < SAMPLE_RATE:
         return None
-    has_speech = speech_regions(rest, options.vad_options) if options.vad else _loudness(rest) > 1e-3
+    if options.vad:  # at least half a second of speech itself, not of the padding around it
+        speech = speech_regions(rest, replace(options.vad_options, speech_pad_ms=0))
+        has_speech = sum(b - a for a, b in speech) >= SAMPLE_RATE // 2
+    else:
+        has_speech = _loudness(rest) > 1e-3
     return (offset + covered, rest) if has_speech else None
 
 
@@ -427,21 +433,21 @@ def transcribe_batched(
             )
             first_features = None
             found: list[Segment] = []
-            work = batch
+            work, is_tail = batch, False
             while work:  # windows, then the unfinished tails of windows, like openai-whisper's seek
                 tails = []
                 for (offset, window), result in zip(
                     work, _decode_batch(model, features, opts, prompt, dtype, tokenizer)
                 ):
-                    if _is_silence(result, opts):
-                        continue
+                    if _is_silence(result, opts) or (is_tail and _needs_fallback(result, opts, tokenizer.eot)):
+                        continue  # a tail is a second look: kept only when Whisper is sure of it
                     pieces = _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, 0)
                     for piece in pieces:
                         piece.language = result.language if per_window else None
                     found += pieces
                     if tail := _unfinished_tail(result, pieces, offset, window, opts, tokenizer):
                         tails.append(tail)
-                work = tails
+                work, is_tail = tails, True
                 features = encode_windows(model, [w for _, w in work], dtype) if work else None
             for segment in sorted(found, key=lambda seg: seg.start):
                 segment.id = len(segments)
