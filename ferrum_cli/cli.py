@@ -349,6 +349,8 @@ class _make_progress:
             TextColumn("{task.fields[audio]:.0f} s audio, {task.fields[speed]:.1f}x"),
             TimeRemainingColumn(),
             console=err,
+            redirect_stdout=False,  # stdout carries results only, even with a bar on stderr
+            redirect_stderr=False,
         )
         self.task = self.progress.add_task("transcribing", total=total, audio=0.0, speed=0.0)
         self.done_audio, self.in_file, self.files = 0.0, 0.0, 0

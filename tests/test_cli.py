@@ -207,3 +207,49 @@ def test_sample_that_ships_in_the_repo():
     assert proc.returncode == 0, proc.stderr
     text = words(proc.stdout)  # synthetic espeak speech: base hears its last sentence only roughly
     assert "hello and welcome" in text and "speech recognition" in text and "fox" in text
+
+
+def test_no_input_with_a_pipe_reads_stdin():
+    proc = run_ferrum("transcribe", stdin=corpus(JFK).read_bytes())
+    assert proc.returncode == 0 and "ask not what your country" in words(proc.stdout)
+
+
+def test_quiet_and_verbose():
+    quiet = run_ferrum("transcribe", str(corpus(JFK)), "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "ask not" in words(quiet.stdout)
+    verbose = run_ferrum("transcribe", str(corpus(JFK)), "--verbose")
+    assert re.search(r"\[\s*0\.\d+ → \s*\d+\.\d+\] And so my fellow Americans", verbose.stderr), verbose.stderr
+    assert "→" not in verbose.stdout
+
+
+def test_progress_bar_on_a_terminal():
+    """stderr on a pseudo-terminal: rich draws the bar there; stdout, a pipe, holds only the text."""
+    import os
+    import pty
+    import subprocess
+
+    from .conftest import FERRUM
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [FERRUM, "transcribe", str(corpus(JFK)), str(corpus("en_librispeech_2830-3980-0043.wav"))],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout = proc.communicate()[0].decode()
+    os.close(master)
+    screen = seen.decode("utf-8", "replace")
+    assert proc.returncode == 0
+    assert "transcribing" in screen and "2/2" in screen and "s audio" in screen
+    assert "transcribing" not in stdout and "ask not what your country" in stdout.lower()
