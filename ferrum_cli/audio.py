@@ -138,6 +138,10 @@ class DecodedAudio:
     def duration(self) -> float:
         return len(self.samples) / SAMPLE_RATE
 
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """As one chunk, so decoded bytes and file streams feed the same engine."""
+        yield self.samples
+
 
 def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAudio:
     proc = subprocess.run(

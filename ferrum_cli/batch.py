@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +37,6 @@ class BatchSummary:
 class BatchEvents:
     """What the CLI renders; every callback is optional."""
 
-    on_start: Callable[[Job], None] | None = None
     on_result: Callable[[Job, Transcription], None] | None = None
     on_failure: Callable[[Job, str], None] | None = None
     on_skip: Callable[[Job], None] | None = None
@@ -61,20 +58,10 @@ def is_complete(paths: dict[str, Path]) -> bool:
 
 
 def _read_stdin() -> bytes:
-    return sys.stdin.buffer.read()
-
-
-class _Prefetcher:
-    """Reads the next stdin/bytes input while the model works; files stream on their own."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1)
-
-    def stdin(self) -> Future:
-        return self.pool.submit(_read_stdin)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise InputError("empty input on stdin")
+    return data
 
 
 def run_batch(
@@ -89,62 +76,64 @@ def run_batch(
     summary: BatchSummary,
     debug: bool = False,
 ) -> BatchSummary:
+    """Transcribe every job that needs it through one executor; windows of several files share batches."""
     input_paths = {os.path.realpath(j.source) for j in jobs if not j.is_stdin}
-    prefetch = _Prefetcher()
-    stdin_data = prefetch.stdin() if any(j.is_stdin for j in jobs) else None
-    lock = threading.Lock()
-    try:
-        for job in jobs:
-            try:
-                paths = outputs_for(job, output_dir, formats) if output_dir else {}
-            except OutputError as exc:
-                summary.failed += 1
-                if events.on_failure:
-                    events.on_failure(job, exc.message)
-                continue
-            if skip_existing and paths and is_complete(paths):
-                summary.skipped += 1
-                if events.on_skip:
-                    events.on_skip(job)
-                continue
-            clash = [p for p in paths.values() if os.path.realpath(p) in input_paths]
-            if clash:
-                summary.failed += 1
-                if events.on_failure:
-                    events.on_failure(job, f"output {clash[0]} would overwrite an input")
-                continue
-            if events.on_start:
-                events.on_start(job)
-            try:
-                source = stdin_data.result() if job.is_stdin and stdin_data else job.source
-                if job.is_stdin and not source:
-                    raise InputError("empty input on stdin")
-                result = executor.transcribe(
-                    source,
-                    options,
-                    on_segment=(lambda seg, j=job: events.on_segment(j, seg, "")) if events.on_segment else None,
-                    on_progress=(lambda sec, j=job: events.on_progress(j, sec)) if events.on_progress else None,
-                    on_warning=(lambda msg, j=job: events.on_warning(j, msg)) if events.on_warning else None,
-                )
-                for fmt, path in paths.items():
-                    write_atomic(path, render(result, fmt, layout))
-            except FerrumError as exc:
-                summary.failed += 1
-                if events.on_failure:
-                    events.on_failure(job, exc.message)
-                continue
-            except Exception as exc:  # a bug must not sink the rest of a long batch
-                if debug:
-                    raise
-                summary.failed += 1
-                if events.on_failure:
-                    events.on_failure(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])
-                continue
-            with lock:
+    todo: list[tuple[Job, dict[str, Path]]] = []
+    for job in jobs:
+        try:
+            paths = outputs_for(job, output_dir, formats) if output_dir else {}
+        except OutputError as exc:
+            _fail(job, exc.message, events, summary)
+            continue
+        if skip_existing and paths and is_complete(paths):
+            summary.skipped += 1
+            if events.on_skip:
+                events.on_skip(job)
+            continue
+        clash = [p for p in paths.values() if os.path.realpath(p) in input_paths]
+        if clash:
+            _fail(job, f"output {clash[0]} would overwrite an input", events, summary)
+            continue
+        todo.append((job, paths))
+
+    outputs = dict(todo)
+    while todo:
+        finished = 0
+        items = [(job, _read_stdin if job.is_stdin else job.source) for job, _ in todo]
+        try:
+            for job, result in executor.transcribe_many(
+                items,
+                options,
+                on_segment=(lambda job, seg: events.on_segment(job, seg, "")) if events.on_segment else None,
+                on_progress=events.on_progress,
+            ):
+                finished += 1
+                if isinstance(result, FerrumError):
+                    _fail(job, result.message, events, summary)
+                    continue
+                for warning in result.warnings:
+                    if events.on_warning:
+                        events.on_warning(job, warning)
+                try:
+                    for fmt, path in outputs[job].items():
+                        write_atomic(path, render(result, fmt, layout))
+                except FerrumError as exc:
+                    _fail(job, exc.message, events, summary)
+                    continue
                 summary.done += 1
                 summary.audio_seconds += result.duration
-            if events.on_result:
-                events.on_result(job, result)
-    finally:
-        prefetch.close()
+                if events.on_result:
+                    events.on_result(job, result)
+            todo = []
+        except Exception as exc:  # a bug must not sink the rest of a long batch
+            if debug:
+                raise
+            _fail(todo[finished][0], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
+            todo = todo[finished + 1 :]
     return summary
+
+
+def _fail(job: Job, reason: str, events: BatchEvents, summary: BatchSummary) -> None:
+    summary.failed += 1
+    if events.on_failure:
+        events.on_failure(job, reason)

@@ -109,3 +109,18 @@ def list_cached() -> list[dict]:
         if weights_path.exists():
             out.append({"name": meta_path.stem, "path": str(weights_path), "bytes": weights_path.stat().st_size})
     return out
+
+
+def remembered(name: str, compute):
+    """A small JSON value computed once per machine and kept in the cache (e.g. token lists)."""
+    path = cache_dir() / "derived" / f"{name}.json"
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        pass
+    value = compute()
+    try:
+        atomic_write_bytes(path, json.dumps(value).encode())
+    except OSError:
+        pass
+    return value

@@ -258,11 +258,13 @@ def transcribe(
         return
 
     several = len(jobs) > 1
-    stream_jsonl = output_dir is None and formats == ["jsonl"]
+    stream_jsonl = output_dir is None and formats == ["jsonl"] and not several
     progress = None if quiet or not err.is_terminal else _make_progress(len(jobs))
 
     def on_result(job, result) -> None:
         if output_dir is None:
+            if several:
+                sys.stdout.write(f"==> {job.display} <==\n")
             for fmt in formats:
                 if not stream_jsonl:
                     sys.stdout.write(render(result, fmt, layout))
@@ -271,11 +273,6 @@ def transcribe(
             err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
         if progress:
             progress.advance_file(result.duration)
-
-    def on_start(job) -> None:
-        if output_dir is None and several:
-            sys.stdout.write(f"==> {job.display} <==\n")
-            sys.stdout.flush()
 
     def on_segment(job, segment, _) -> None:
         if stream_jsonl:
@@ -294,7 +291,6 @@ def transcribe(
             err.print(f"[yellow]warning:[/] {job.display}: {message}")
 
     events = BatchEvents(
-        on_start=on_start,
         on_result=on_result,
         on_failure=on_failure,
         on_warning=on_warning,

@@ -132,10 +132,26 @@ def _projection(model, dtype: torch.dtype) -> Tensor:
 
 
 class FerrumDecodingTask(DecodingTask):
-    def __init__(self, model, options: DecodingOptions, fast_cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        options: DecodingOptions,
+        fast_cache_dtype: torch.dtype | None = None,
+        row_languages: list[str] | None = None,
+    ) -> None:
         super().__init__(model, options)
         self.inference = PositionalInference(model, len(self.initial_tokens), self.sot_index)
         self.fast_cache_dtype = fast_cache_dtype
+        self.row_languages = row_languages
+
+    def _detect_language(self, audio_features: Tensor, tokens: Tensor):
+        """Rows of one batch may come from files in different languages, each already known."""
+        if self.row_languages is None or self.sot_index + 1 >= tokens.shape[1]:
+            return super()._detect_language(audio_features, tokens)
+        tokens[:, self.sot_index + 1] = torch.tensor(
+            [self.tokenizer.to_language_token(lang) for lang in self.row_languages], device=tokens.device
+        )
+        return list(self.row_languages), None
 
     def _get_audio_features(self, mel: Tensor) -> Tensor:
         dtype = next(self.model.parameters()).dtype
@@ -215,11 +231,17 @@ class FerrumDecodingTask(DecodingTask):
 
 @torch.no_grad()
 def decode(
-    model, mel: Tensor, options: DecodingOptions | None = None, fast_cache_dtype: torch.dtype | None = None, **kwargs
+    model,
+    mel: Tensor,
+    options: DecodingOptions | None = None,
+    fast_cache_dtype: torch.dtype | None = None,
+    row_languages: list[str] | None = None,
+    **kwargs,
 ) -> DecodingResult | list[DecodingResult]:
     """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it.
 
     fast_cache_dtype: greedy decoding uses the static-cache decoder, its caches in this dtype.
+    row_languages: the language of each row, when a batch mixes files (options.language is then None).
     """
     from dataclasses import replace
 
@@ -227,5 +249,5 @@ def decode(
     single = mel.ndim == 2
     if single:
         mel = mel.unsqueeze(0)
-    results = FerrumDecodingTask(model, options, fast_cache_dtype).run(mel)
+    results = FerrumDecodingTask(model, options, fast_cache_dtype, row_languages).run(mel)
     return results[0] if single else results

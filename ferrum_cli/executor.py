@@ -6,7 +6,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,11 +140,63 @@ class WhisperModelExecutor:
                 raise
             finally:
                 self._state = "ready" if self._model is not None else "shutdown"
+        self._count(result)
+        return result
+
+    def transcribe_many(
+        self,
+        items: Iterable[tuple[object, str | os.PathLike[str] | bytes | Callable[[], bytes]]],
+        options: TranscribeOptions | None = None,
+        on_segment: Callable[[object, Segment], None] | None = None,
+        on_progress: Callable[[object, float], None] | None = None,
+    ) -> Iterator[tuple[object, Transcription | FerrumError]]:
+        """(key, result or error) for each (key, path, bytes or a callable giving bytes), in order.
+
+        The batched engine decodes windows of several inputs together; an input that fails comes
+        back as its error and the rest go on.
+        """
+        from .audio import decode_bytes, stream_file
+        from .transcribe import transcribe_stream
+
+        model = self._require_model()
+        options = options or TranscribeOptions()
+        if options.sequential:
+            for key, source in items:
+                try:
+                    data = source() if callable(source) else source
+                    yield (
+                        key,
+                        self.transcribe(data, options, (lambda seg, k=key: on_segment(k, seg)) if on_segment else None),
+                    )
+                except FerrumError as exc:
+                    yield key, exc
+            return
+
+        def opener(source):
+            if callable(source):
+                return lambda: decode_bytes(source())
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                return lambda: decode_bytes(bytes(source))
+            return lambda: stream_file(source)
+
+        with self._lock:
+            self._state = "busy"
+            try:
+                stream = transcribe_stream(model, ((k, opener(s)) for k, s in items), options, on_segment, on_progress)
+                for key, result in stream:
+                    if isinstance(result, FerrumError):
+                        self._counters.errors += 1
+                    else:
+                        self._count(result)
+                    yield key, result
+            finally:
+                self._state = "ready" if self._model is not None else "shutdown"
+
+    def _count(self, result: Transcription) -> None:
         c = self._counters
         c.files += 1
         c.audio_seconds += result.duration
         c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
-        return result
 
     def detect_language(self, audio: str | os.PathLike[str] | bytes) -> tuple[str, float]:
         """(language code, probability) over several speech windows; ('und', 0.0) when there is no speech."""

@@ -108,6 +108,24 @@ def compute_dtype(model, options: TranscribeOptions) -> torch.dtype:
     return weights
 
 
+def get_tokenizer(multilingual: bool, *, num_languages: int = 99, language: str | None = None, task: str | None = None):
+    """openai-whisper's tokenizer, with its non-speech token list read from our cache.
+
+    Computing that list compiles a regex of every special token: 0.4 s of each cold start.
+    """
+    from whisper.tokenizer import get_tokenizer as whisper_tokenizer
+
+    from .cache import remembered
+
+    tokenizer = whisper_tokenizer(multilingual, num_languages=num_languages, language=language, task=task)
+    if "non_speech_tokens" not in tokenizer.__dict__:
+        name = f"non-speech-tokens-{tokenizer.encoding.name}"
+        tokens = remembered(name, lambda: list(tokenizer.non_speech_tokens))
+        if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+            tokenizer.__dict__["non_speech_tokens"] = tuple(tokens)
+    return tokenizer
+
+
 def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-mel of each window, padded to 30 s, through the encoder as one batch (autocast to dtype)."""
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
@@ -283,6 +301,7 @@ def _decode_batch(
     prompt: list[int] | None,
     cache_dtype: torch.dtype,
     tokenizer,
+    languages: list[str] | None = None,
 ) -> list:
     """Decode encoded windows together; those that fail the thresholds go again at the next temperature."""
     from whisper.decoding import DecodingOptions
@@ -294,8 +313,14 @@ def _decode_batch(
         kwargs = options.decode_kwargs(temperature)
         with torch.random.fork_rng(devices=[]):  # sampling is seeded: the same input gives the same text
             torch.manual_seed(int(temperature * 1000))
+            rows = [languages[i] for i in pending] if languages else None
+            if rows:
+                kwargs["language"] = None  # each row carries its own file's language
             decoded = model.decode(
-                features[pending], DecodingOptions(**kwargs, prompt=prompt), fast_cache_dtype=cache_dtype
+                features[pending],
+                DecodingOptions(**kwargs, prompt=prompt),
+                fast_cache_dtype=cache_dtype,
+                row_languages=rows,
             )
         still = []
         for index, result in zip(pending, decoded):
@@ -351,8 +376,6 @@ def _segments_from_tokens(result, offset: float, duration: float, tokenizer, fir
 
 def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOptions) -> tuple[str, float]:
     """Language and probability from up to three speech windows of the first batch; 'und' without speech."""
-    from whisper.tokenizer import get_tokenizer
-
     windows = plan_windows(chunks, options.vad, options.vad_options)
     first = [w for _, w in itertools.islice(windows, options.batch_size)]
     chosen = [first[i] for i in language_windows(first)]
@@ -396,6 +419,165 @@ class _Counted:
             yield chunk
 
 
+@dataclass
+class _File:
+    """One input of a batch: its planned windows, its language, what has been decoded."""
+
+    key: object
+    counted: _Counted | None = None
+    windows: Iterator[tuple[float, np.ndarray]] | None = None
+    language: str = "und"
+    probability: float = 0.0
+    segments: list[Segment] = field(default_factory=list)
+    error: Exception | None = None
+    reading: bool = True
+    pending: int = 0
+
+    def result(self, options: TranscribeOptions) -> Transcription:
+        text = "".join(s.text for s in self.segments).strip()
+        duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
+        used = {**asdict(options), "language": options.language or self.language, "engine": "batched"}
+        result = Transcription(text, self.segments, self.language, self.probability, duration, used)
+        if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
+            result.warnings.append(warning)
+        return result
+
+
+@dataclass
+class _Window:
+    file: _File
+    offset: float
+    samples: np.ndarray
+    features: torch.Tensor | None = None
+
+
+def transcribe_stream(
+    model,
+    sources: Iterable[tuple[object, Callable[[], Iterable[np.ndarray]]]],
+    options: TranscribeOptions,
+    on_segment: Callable[[object, Segment], None] | None = None,
+    on_progress: Callable[[object, float], None] | None = None,
+) -> Iterator[tuple[object, Transcription | Exception]]:
+    """The batched engine over many inputs: windows of several files share a batch.
+
+    sources yields (key, open) where open() gives the input's audio chunks (and may raise).
+    Results come back in input order, each as soon as its last window is decoded; an input
+    that cannot be read comes back as its exception, and the others go on.
+    """
+    from .errors import FerrumError
+
+    dtype = compute_dtype(model, options)
+    size = options.batch_size
+    per_window = options.multilingual and options.language is None and model.is_multilingual
+    opts = replace(options, language=options.language if not per_window else None)
+    tokenizer = get_tokenizer(
+        model.is_multilingual, num_languages=model.num_languages, language=opts.language or "en", task=opts.task
+    )
+    prompt_text = opts.prompt_text()
+    prompt = tokenizer.encode(" " + prompt_text) if prompt_text else None
+    sources = iter(sources)
+    files: list[_File] = []  # started, not yet returned, in input order
+    queue: list[_Window] = []
+
+    def enqueue(file: _File, offset: float, samples: np.ndarray, features=None) -> None:
+        queue.append(_Window(file, offset, samples, features))
+        file.pending += 1
+
+    def start(key, open_audio) -> _File:
+        file = _File(key)
+        try:
+            file.counted = _Counted(open_audio())
+            file.windows = plan_windows(file.counted, opts.vad, opts.vad_options, merge=not opts.multilingual)
+            first = list(itertools.islice(file.windows, size))
+        except FerrumError as exc:
+            file.error, file.reading = exc, False
+            return file
+        features = encode_windows(model, [w for _, w in first], dtype) if first else None
+        if options.language is not None:
+            file.language, file.probability = options.language, 1.0
+        elif features is not None:
+            chosen = language_windows([w for _, w in first])
+            probe = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, task=opts.task)
+            file.language, file.probability = detect_language(model, features[chosen], probe)
+        if file.language == "und":
+            for _ in file.windows:  # no speech to decode; read on for the duration
+                pass
+            file.reading = False
+        else:
+            for i, (offset, samples) in enumerate(first):
+                enqueue(file, offset, samples, features[i : i + 1])
+        return file
+
+    def fill() -> None:
+        while len(queue) < size:
+            if files and files[-1].reading:
+                try:
+                    enqueue(files[-1], *next(files[-1].windows))
+                except StopIteration:
+                    files[-1].reading = False
+                continue
+            item = next(sources, None)
+            if item is None:
+                return
+            files.append(start(*item))
+
+    while True:
+        fill()
+        while files and not files[0].reading and files[0].pending == 0:
+            done = files.pop(0)
+            yield done.key, (done.error or done.result(opts))
+        if not queue:
+            if not files:
+                return
+            continue
+        batch, queue[:] = queue[:size], queue[size:]
+        found = _decode_windows(model, batch, opts, prompt, dtype, tokenizer, per_window)
+        for window in batch:
+            window.file.pending -= 1
+        for file in {id(w.file): w.file for w in batch}.values():
+            for segment in sorted((seg for seg, f in found if f is file), key=lambda seg: seg.start):
+                segment.id = len(file.segments)
+                file.segments.append(segment)
+                if on_segment:
+                    on_segment(file.key, segment)
+        if on_progress:
+            last = batch[-1]
+            on_progress(last.file.key, last.offset + len(last.samples) / SAMPLE_RATE)
+
+
+def _decode_windows(
+    model, batch: list[_Window], opts: TranscribeOptions, prompt, dtype, tokenizer, per_window: bool
+) -> list[tuple[Segment, _File]]:
+    """Decode a batch of windows, then the unfinished tails of windows, like openai-whisper's seek."""
+    missing = [w for w in batch if w.features is None]
+    if missing:
+        encoded = encode_windows(model, [w.samples for w in missing], dtype)
+        for i, window in enumerate(missing):
+            window.features = encoded[i : i + 1]
+    work, is_tail = batch, False
+    found: list[tuple[Segment, _File]] = []
+    while work:
+        features = torch.cat([w.features for w in work])
+        languages = None if per_window else [w.file.language for w in work]
+        tails = []
+        for window, result in zip(work, _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages)):
+            if _is_silence(result, opts) or (is_tail and _needs_fallback(result, opts, tokenizer.eot)):
+                continue  # a tail is a second look: kept only when Whisper is sure of it
+            duration = len(window.samples) / SAMPLE_RATE
+            pieces = _segments_from_tokens(result, window.offset, duration, tokenizer, 0)
+            for piece in pieces:
+                piece.language = result.language if per_window else None
+                found.append((piece, window.file))
+            if tail := _unfinished_tail(result, pieces, window.offset, window.samples, opts, tokenizer):
+                tails.append(_Window(window.file, *tail))
+        if tails:
+            encoded = encode_windows(model, [w.samples for w in tails], dtype)
+            for i, window in enumerate(tails):
+                window.features = encoded[i : i + 1]
+        work, is_tail = tails, True
+    return found
+
+
 def transcribe_batched(
     model,
     chunks: Iterable[np.ndarray],
@@ -403,62 +585,17 @@ def transcribe_batched(
     on_segment: Callable[[Segment], None] | None = None,
     on_progress: Callable[[float], None] | None = None,
 ) -> Transcription:
-    from whisper.tokenizer import get_tokenizer
-
-    counted = _Counted(chunks)
-    windows = plan_windows(counted, options.vad, options.vad_options, merge=not options.multilingual)
-    dtype = compute_dtype(model, options)
-    first = list(itertools.islice(windows, options.batch_size))
-    first_features = encode_windows(model, [w for _, w in first], dtype) if first else None
-    language, probability = options.language, 1.0
-    if language is None:
-        probe = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, task=options.task)
-        chosen = language_windows([w for _, w in first])
-        features = first_features[chosen] if first_features is not None else torch.zeros(0)
-        language, probability = detect_language(model, features, probe)
-    per_window = options.multilingual and options.language is None and model.is_multilingual
-    opts = replace(options, language=None if per_window or language == "und" else language)
-    tokenizer = get_tokenizer(
-        model.is_multilingual, num_languages=model.num_languages, language=opts.language or "en", task=opts.task
+    """One input through the batched engine."""
+    ((_, result),) = transcribe_stream(
+        model,
+        [(None, lambda: chunks)],
+        options,
+        (lambda _, seg: on_segment(seg)) if on_segment else None,
+        (lambda _, sec: on_progress(sec)) if on_progress else None,
     )
-    prompt_text = opts.prompt_text()
-    prompt = tokenizer.encode(" " + prompt_text) if prompt_text else None
-
-    segments: list[Segment] = []
-    stream = itertools.chain(first, windows)
-    while batch := list(itertools.islice(stream, opts.batch_size)):
-        if language != "und":
-            features = (
-                first_features if first_features is not None else encode_windows(model, [w for _, w in batch], dtype)
-            )
-            first_features = None
-            found: list[Segment] = []
-            work, is_tail = batch, False
-            while work:  # windows, then the unfinished tails of windows, like openai-whisper's seek
-                tails = []
-                for (offset, window), result in zip(
-                    work, _decode_batch(model, features, opts, prompt, dtype, tokenizer)
-                ):
-                    if _is_silence(result, opts) or (is_tail and _needs_fallback(result, opts, tokenizer.eot)):
-                        continue  # a tail is a second look: kept only when Whisper is sure of it
-                    pieces = _segments_from_tokens(result, offset, len(window) / SAMPLE_RATE, tokenizer, 0)
-                    for piece in pieces:
-                        piece.language = result.language if per_window else None
-                    found += pieces
-                    if tail := _unfinished_tail(result, pieces, offset, window, opts, tokenizer):
-                        tails.append(tail)
-                work, is_tail = tails, True
-                features = encode_windows(model, [w for _, w in work], dtype) if work else None
-            for segment in sorted(found, key=lambda seg: seg.start):
-                segment.id = len(segments)
-                segments.append(segment)
-                if on_segment:
-                    on_segment(segment)
-        if on_progress:
-            on_progress(batch[-1][0] + len(batch[-1][1]) / SAMPLE_RATE)
-    text = "".join(s.text for s in segments).strip()
-    duration = counted.samples / SAMPLE_RATE
-    return Transcription(text, segments, language, probability, duration, {**asdict(opts), "engine": "batched"})
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def snap_words_to_speech(segments: list[dict], regions: list[tuple[int, int]]) -> None:
@@ -483,7 +620,6 @@ def transcribe_sequential(
     on_segment: Callable[[Segment], None] | None = None,
 ) -> Transcription:
     """openai-whisper's transcribe() on our model: same algorithm, same text."""
-    from whisper.tokenizer import get_tokenizer
     from whisper.transcribe import transcribe
 
     duration = len(samples) / SAMPLE_RATE
@@ -500,6 +636,7 @@ def transcribe_sequential(
     if not windows or language == "und":
         return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
+    get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=options.task)
     result = transcribe(
         model,
         samples,

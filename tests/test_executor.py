@@ -100,3 +100,13 @@ def test_sequential_mode_matches_openai_whisper_on_every_english_clip(executor):
         with torch.no_grad():
             theirs = reference.transcribe(decode_file(row["path"]).samples, language="en", fp16=False)["text"]
         assert words(ours) == words(theirs), row["file"]
+
+
+def test_cached_non_speech_tokens_equal_openai_whispers():
+    from whisper.tokenizer import Tokenizer, get_encoding
+
+    from ferrum_cli.transcribe import get_tokenizer
+
+    ours = get_tokenizer(True, num_languages=99, language="en", task="transcribe").non_speech_tokens
+    fresh = Tokenizer(get_encoding("multilingual", 99), num_languages=99, language="en", task="transcribe")
+    assert ours == fresh.non_speech_tokens
