@@ -540,9 +540,21 @@ def transcribe_stream(
                 file.segments.append(segment)
                 if on_segment:
                     on_segment(file.key, segment)
+        release_freed_memory()
         if on_progress:
             last = batch[-1]
             on_progress(last.file.key, last.offset + len(last.samples) / SAMPLE_RATE)
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap back to the OS after each batch (glibc), so peaks do not stack up over an hour."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
 
 
 def _decode_windows(
