@@ -32,10 +32,21 @@ class VadOptions:
 
 
 @lru_cache(maxsize=1)
-def _model():
-    from silero_vad import load_silero_vad
+def _silero():
+    """The silero_vad package. Its import calls torch.set_num_threads(1), which would halve the
+    speed of everything else on two cores: the thread count is put back."""
+    import torch
 
-    return load_silero_vad()
+    threads = torch.get_num_threads()
+    import silero_vad
+
+    torch.set_num_threads(threads)
+    return silero_vad
+
+
+@lru_cache(maxsize=1)
+def _model():
+    return _silero().load_silero_vad()
 
 
 def speech_probabilities(samples: np.ndarray, streams: int = 32) -> np.ndarray:
@@ -63,13 +74,11 @@ def speech_probabilities(samples: np.ndarray, streams: int = 32) -> np.ndarray:
 
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
-    from silero_vad import get_speech_timestamps_from_probs
-
     options = options or VadOptions()
     probs = speech_probabilities(samples)
     if probs.size == 0:
         return []
-    stamps = get_speech_timestamps_from_probs(
+    stamps = _silero().get_speech_timestamps_from_probs(
         probs.tolist(), sampling_rate=SAMPLE_RATE, audio_length_samples=len(samples), **asdict(options)
     )
     return [(int(s["start"]), int(s["end"])) for s in stamps]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -110,3 +113,15 @@ def test_cached_non_speech_tokens_equal_openai_whispers():
     ours = get_tokenizer(True, num_languages=99, language="en", task="transcribe").non_speech_tokens
     fresh = Tokenizer(get_encoding("multilingual", 99), num_languages=99, language="en", task="transcribe")
     assert ours == fresh.non_speech_tokens
+
+
+def test_voice_activity_detection_leaves_torch_on_every_core():
+    """silero_vad's import sets torch to one thread for the whole process; on two cores that
+    halved the speed of the encoder and the decoder."""
+    script = (
+        "import numpy as np, torch; torch.set_num_threads(2); "
+        "from ferrum_cli.vad import speech_regions; speech_regions(np.zeros(16000, np.float32)); "
+        "print(torch.get_num_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "2"
