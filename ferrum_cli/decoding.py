@@ -2,7 +2,7 @@
 
 - Only the positions that are read (the SOT position on the first pass, then the last
   one) are projected onto the vocabulary.
-- With greedy decoding, sequences that reach end-of-text leave the batch, together
+- With greedy decoding and sampling, sequences that reach end-of-text leave the batch, together
   with their key/value cache rows and audio features.
 - The model may run in float16 or bfloat16 on any device.
 """
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributions import Categorical
 from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, GreedyDecoder, PyTorchInference
 
 
@@ -161,7 +162,7 @@ class FerrumDecodingTask(DecodingTask):
         return self.model.encoder(mel)
 
     def _main_loop(self, audio_features: Tensor, tokens: Tensor):
-        if isinstance(self.decoder, GreedyDecoder) and self.n_group == 1 and self.options.temperature == 0:
+        if isinstance(self.decoder, GreedyDecoder):
             return self._greedy_loop(audio_features, tokens)
         return self._general_loop(audio_features, tokens)
 
@@ -190,7 +191,7 @@ class FerrumDecodingTask(DecodingTask):
         return tokens, sum_logprobs, no_speech_probs
 
     def _greedy_loop(self, audio_features: Tensor, tokens: Tensor):
-        """Greedy decoding where finished sequences leave the batch."""
+        """Greedy decoding, or sampling at a temperature, where finished sequences leave the batch."""
         if self.fast_cache_dtype is not None:
             self.inference = StaticCacheInference(
                 self.model, len(self.initial_tokens), self.sot_index, self.fast_cache_dtype
@@ -212,7 +213,10 @@ class FerrumDecodingTask(DecodingTask):
                 logits = logits[:, -1]
                 for logit_filter in self.logit_filters:
                     logit_filter.apply(logits, tokens)
-                next_tokens = logits.argmax(dim=-1)
+                if self.options.temperature == 0:
+                    next_tokens = logits.argmax(dim=-1)
+                else:  # as whisper's GreedyDecoder samples
+                    next_tokens = Categorical(logits=logits / self.options.temperature).sample()
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
                 sum_logprobs[active] += logprobs[torch.arange(len(active), device=device), next_tokens]
                 out[active, length] = next_tokens
