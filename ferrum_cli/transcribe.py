@@ -167,10 +167,12 @@ def detect_language(model, features: torch.Tensor, tokenizer) -> tuple[str, floa
 
 
 def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) -> int:
-    """Sample index in [lo, hi) at the middle of the quietest half second: the deepest pause.
+    """Sample index in [lo, hi) in the middle of the last half second that is as quiet as the
+    deepest pause there (within 6 dB).
 
     A window that starts inside a sentence can make Whisper skip that sentence's start, so a
-    cut must fall in a real pause, not in the short dip between two words.
+    cut must fall in a real pause, not in the short dip between two words. Of equally deep
+    pauses the last one is taken: fuller windows mean fewer of them to encode and decode.
     """
     region = samples[lo:hi]
     n = len(region) // FRAME
@@ -179,7 +181,9 @@ def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) 
     energy = np.square(region[: n * FRAME].reshape(n, FRAME)).mean(axis=1)
     width = min(pause_frames, n)
     smoothed = np.convolve(energy, np.ones(width) / width, mode="valid")
-    return lo + (int(np.argmin(smoothed)) + width // 2) * FRAME + FRAME // 2
+    deepest = float(smoothed.min())
+    last = int(np.flatnonzero(smoothed <= deepest * 4 + 1e-10)[-1])
+    return lo + (last + width // 2) * FRAME + FRAME // 2
 
 
 BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
@@ -187,16 +191,19 @@ BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on 
 
 def _pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> list[tuple[int, int]]:
     """Speech regions packed into windows of at most 30 s; a longer region is cut at its quietest point."""
-    windows: list[tuple[int, int]] = []
+    spans: list[tuple[int, int]] = []  # with merge, regions less than 5 s apart are one span
     for start, end in regions:
+        if merge and spans and start - spans[-1][1] < 5 * SAMPLE_RATE:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    windows: list[tuple[int, int]] = []
+    for start, end in spans:
         while end - start > WINDOW:
             cut = quietest_cut(samples, start + WINDOW // 3, start + WINDOW)
             windows.append((start, cut))
             start = cut
-        if merge and windows and end - windows[-1][0] <= WINDOW and start - windows[-1][1] < 5 * SAMPLE_RATE:
-            windows[-1] = (windows[-1][0], end)
-        else:
-            windows.append((start, end))
+        windows.append((start, end))
     return windows
 
 
@@ -302,14 +309,16 @@ def _decode_batch(
     cache_dtype: torch.dtype,
     tokenizer,
     languages: list[str] | None = None,
+    one_look: set[int] = frozenset(),
 ) -> list:
-    """Decode encoded windows together; those that fail the thresholds go again at the next temperature."""
+    """Decode encoded windows together; those that fail the thresholds go again at the next
+    temperature, except the rows in one_look, which are decoded at the first temperature only."""
     from whisper.decoding import DecodingOptions
 
     results: list = [None] * features.shape[0]
     pending = list(range(features.shape[0]))
     eot = tokenizer.eot
-    for temperature in options.temperature:
+    for step, temperature in enumerate(options.temperature):
         kwargs = options.decode_kwargs(temperature)
         with torch.random.fork_rng(devices=[]):  # sampling is seeded: the same input gives the same text
             torch.manual_seed(int(temperature * 1000))
@@ -325,7 +334,7 @@ def _decode_batch(
         still = []
         for index, result in zip(pending, decoded):
             results[index] = result
-            if _needs_fallback(result, options, eot):
+            if _needs_fallback(result, options, eot) and not (step == 0 and index in one_look):
                 still.append(index)
         pending = still
         if not pending:
@@ -429,6 +438,7 @@ class _File:
     language: str = "und"
     probability: float = 0.0
     segments: list[Segment] = field(default_factory=list)
+    found: list[Segment] = field(default_factory=list)  # decoded, not yet in segments
     error: Exception | None = None
     reading: bool = True
     pending: int = 0
@@ -449,6 +459,7 @@ class _Window:
     offset: float
     samples: np.ndarray
     features: torch.Tensor | None = None
+    tail: bool = False  # the rest of a window Whisper ended early: a second look
 
 
 def transcribe_stream(
@@ -482,6 +493,17 @@ def transcribe_stream(
     def enqueue(file: _File, offset: float, samples: np.ndarray, features=None) -> None:
         queue.append(_Window(file, offset, samples, features))
         file.pending += 1
+
+    def publish(file: _File) -> None:
+        """Segments in time order, each once no window still queued can come before it."""
+        file.found.sort(key=lambda seg: seg.start)
+        frontier = min((w.offset for w in queue if w.file is file), default=float("inf"))
+        while file.found and file.found[0].start < frontier:
+            segment = file.found.pop(0)
+            segment.id = len(file.segments)
+            file.segments.append(segment)
+            if on_segment:
+                on_segment(file.key, segment)
 
     def start(key, open_audio) -> _File:
         file = _File(key)
@@ -531,15 +553,16 @@ def transcribe_stream(
                 return
             continue
         batch, queue[:] = queue[:size], queue[size:]
-        found = _decode_windows(model, batch, opts, prompt, dtype, tokenizer, per_window)
+        found, tails = _decode_windows(model, batch, opts, prompt, dtype, tokenizer, per_window)
+        queue[:0] = tails  # tails go first into the next batch
         for window in batch:
             window.file.pending -= 1
+        for window in tails:
+            window.file.pending += 1
+        for segment, file in found:
+            file.found.append(segment)
         for file in {id(w.file): w.file for w in batch}.values():
-            for segment in sorted((seg for seg, f in found if f is file), key=lambda seg: seg.start):
-                segment.id = len(file.segments)
-                file.segments.append(segment)
-                if on_segment:
-                    on_segment(file.key, segment)
+            publish(file)
         release_freed_memory()
         if on_progress:
             last = batch[-1]
@@ -559,35 +582,32 @@ def release_freed_memory() -> None:
 
 def _decode_windows(
     model, batch: list[_Window], opts: TranscribeOptions, prompt, dtype, tokenizer, per_window: bool
-) -> list[tuple[Segment, _File]]:
-    """Decode a batch of windows, then the unfinished tails of windows, like openai-whisper's seek."""
+) -> tuple[list[tuple[Segment, _File]], list[_Window]]:
+    """Decode a batch of windows: their segments, and the unfinished tails to decode next,
+    like openai-whisper's seek."""
     missing = [w for w in batch if w.features is None]
     if missing:
         encoded = encode_windows(model, [w.samples for w in missing], dtype)
         for i, window in enumerate(missing):
             window.features = encoded[i : i + 1]
-    work, is_tail = batch, False
+    features = torch.cat([w.features for w in batch])
+    languages = None if per_window else [w.file.language for w in batch]
+    tail_rows = {i for i, w in enumerate(batch) if w.tail}
+    results = _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages, tail_rows)
     found: list[tuple[Segment, _File]] = []
-    while work:
-        features = torch.cat([w.features for w in work])
-        languages = None if per_window else [w.file.language for w in work]
-        tails = []
-        for window, result in zip(work, _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages)):
-            if _is_silence(result, opts) or (is_tail and _needs_fallback(result, opts, tokenizer.eot)):
-                continue  # a tail is a second look: kept only when Whisper is sure of it
-            duration = len(window.samples) / SAMPLE_RATE
-            pieces = _segments_from_tokens(result, window.offset, duration, tokenizer, 0)
-            for piece in pieces:
-                piece.language = result.language if per_window else None
-                found.append((piece, window.file))
-            if tail := _unfinished_tail(result, pieces, window.offset, window.samples, opts, tokenizer):
-                tails.append(_Window(window.file, *tail))
-        if tails:
-            encoded = encode_windows(model, [w.samples for w in tails], dtype)
-            for i, window in enumerate(tails):
-                window.features = encoded[i : i + 1]
-        work, is_tail = tails, True
-    return found
+    tails: list[_Window] = []
+    for window, result in zip(batch, results):
+        window.features = None  # the batch holds the only other reference: freed with it
+        if _is_silence(result, opts) or (window.tail and _needs_fallback(result, opts, tokenizer.eot)):
+            continue  # a tail is a second look: kept only when Whisper is sure of it
+        duration = len(window.samples) / SAMPLE_RATE
+        pieces = _segments_from_tokens(result, window.offset, duration, tokenizer, 0)
+        for piece in pieces:
+            piece.language = result.language if per_window else None
+            found.append((piece, window.file))
+        if tail := _unfinished_tail(result, pieces, window.offset, window.samples, opts, tokenizer):
+            tails.append(_Window(window.file, *tail, tail=True))
+    return found, tails
 
 
 def transcribe_batched(
