@@ -126,16 +126,26 @@ def get_tokenizer(multilingual: bool, *, num_languages: int = 99, language: str 
     return tokenizer
 
 
+ENCODER_BATCH = 4  # windows per encoder pass: more buys no speed on a CPU, only activation memory
+
+
 def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Log-mel of each window, padded to 30 s, through the encoder as one batch (autocast to dtype)."""
+    """Log-mel of each window, padded to 30 s, through the encoder (autocast to dtype)."""
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
     weights = next(model.parameters()).dtype
-    mels = [pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES) for w in windows]
-    mel = torch.stack(mels).to(model.device, weights)
     dtype = dtype or weights
-    with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype != weights):
-        return model.encoder(mel).to(weights)
+    step = ENCODER_BATCH if model.device.type == "cpu" else len(windows)
+    out = []
+    for i in range(0, len(windows), max(step, 1)):
+        mels = [
+            pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES)
+            for w in windows[i : i + step]
+        ]
+        mel = torch.stack(mels).to(model.device, weights)
+        with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype != weights):
+            out.append(model.encoder(mel).to(weights))
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 def _loudness(samples: np.ndarray) -> float:
