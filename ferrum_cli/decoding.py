@@ -39,12 +39,17 @@ class PositionalInference(PyTorchInference):
 
 class StaticCacheInference:
     """Greedy decoding state in preallocated tensors: self-attention keys and values for every
-    position, cross-attention keys and values computed once.
+    position, and the audio features once for cross-attention.
 
-    Each step reads the cross-attention cache (batch x 1500 x width per layer) and the
-    51865 x width vocabulary projection; both are kept in `cache_dtype` (bfloat16 halves that
-    memory traffic), while the decoder's own layers run in the model's dtype: bfloat16 there
-    changed words on the corpus (Grimmelshausen became Gremelshausen).
+    Cross-attention keys are features @ Wk.T, so a head's scores are (Wk_h.T q_h) @ features.T;
+    values come out as (softmax @ features) @ Wv_h.T + b_h. Folding the projections into the
+    query and the output this way, no layer needs keys and values of its own: the state per
+    sequence is the features (1500 x width), not 2 x layers x 1500 x width, which lets more
+    sequences share a batch and spares computing 12 key/value projections per window.
+
+    The features and the vocabulary projection are kept in `cache_dtype` (bfloat16 halves
+    that memory traffic), while the decoder's own layers run in the model's dtype: bfloat16
+    there changed words on the corpus (Grimmelshausen became Gremelshausen).
     """
 
     def __init__(self, model, initial_token_length: int, sot_index: int, cache_dtype: torch.dtype) -> None:
@@ -52,8 +57,9 @@ class StaticCacheInference:
         self.dtype = next(model.decoder.parameters()).dtype
         self.cache_dtype = cache_dtype
         self.projection = _projection(model, cache_dtype)
+        self.folded = _folded_cross_attention(model)
         self.initial_token_length, self.sot_index = initial_token_length, sot_index
-        self.cross: list[tuple[Tensor, Tensor]] | None = None
+        self.features: Tensor | None = None
         self.self_k: Tensor | None = None
         self.self_v: Tensor | None = None
         self.length = 0
@@ -66,23 +72,27 @@ class StaticCacheInference:
         n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
         n_head = decoder.blocks[0].attn.n_head
         width = decoder.token_embedding.weight.shape[1]
-        features = audio_features.to(self.dtype)
-        with torch.autocast(features.device.type, dtype=self.cache_dtype, enabled=self.cache_dtype != self.dtype):
-            self.cross = [
-                (
-                    self._heads(block.cross_attn.key(features), n_head).to(self.cache_dtype),
-                    self._heads(block.cross_attn.value(features), n_head).to(self.cache_dtype),
-                )
-                for block in decoder.blocks
-            ]
+        self.features = audio_features.to(self.cache_dtype)
         shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
-        self.self_k = torch.empty(shape, dtype=self.dtype, device=features.device)
-        self.self_v = torch.empty(shape, dtype=self.dtype, device=features.device)
+        self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
+        self.self_v = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
         self.length = 0
+
+    def _cross_attention(self, i: int, q: Tensor) -> Tensor:
+        """Layer i's cross-attention for queries q [batch, tokens, width], before its output projection."""
+        key, value, bias = self.folded[i]
+        n_batch, n_tokens = q.shape[:2]
+        n_head = key.shape[0]
+        folded = torch.einsum("bthd,hdn->bthn", q.view(n_batch, n_tokens, n_head, -1), key)
+        folded = folded.reshape(n_batch, n_tokens * n_head, -1).to(self.cache_dtype)
+        weights = torch.bmm(folded, self.features.transpose(1, 2)).softmax(-1, dtype=torch.float32)
+        mixed = torch.bmm(weights.to(self.cache_dtype), self.features).to(self.dtype)
+        out = torch.einsum("bthn,hdn->bthd", mixed.view(n_batch, n_tokens, n_head, -1), value) + bias
+        return out.flatten(2)
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """[batch, 2, vocab] on the first pass (SOT, last), [batch, 1, vocab] after."""
-        if self.cross is None:
+        if self.features is None:
             self._start(audio_features)
         if self.length:
             tokens, positions = tokens[:, -1:], [0]
@@ -103,21 +113,18 @@ class StaticCacheInference:
             )
             x = x + attn.out(o.transpose(1, 2).flatten(2))
             cross = block.cross_attn
-            q = self._heads(cross.query(block.cross_attn_ln(x)), cross.n_head).to(self.cache_dtype)
-            k, v = self.cross[i]
-            o = F.scaled_dot_product_attention(q, k, v).to(self.dtype)
-            x = x + cross.out(o.transpose(1, 2).flatten(2))
+            x = x + cross.out(self._cross_attention(i, cross.query(block.cross_attn_ln(x))))
             x = x + block.mlp(block.mlp_ln(x))
         self.length = end
         x = decoder.ln(x[:, positions])
         return (x.to(self.projection.dtype) @ self.projection.T).float()
 
     def keep_rows(self, rows: Tensor) -> None:
-        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self.features = self.features[rows]
         self.self_k, self.self_v = self.self_k[:, rows], self.self_v[:, rows]
 
     def cleanup_caching(self) -> None:
-        self.cross, self.self_k, self.self_v, self.length = None, None, None, 0
+        self.features, self.self_k, self.self_v, self.length = None, None, None, 0
 
 
 def _projection(model, dtype: torch.dtype) -> Tensor:
@@ -129,6 +136,23 @@ def _projection(model, dtype: torch.dtype) -> Tensor:
     if cached is None or cached.dtype != dtype:
         cached = weight.detach().to(dtype)
         model._ferrum_projection = cached
+    return cached
+
+
+def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Per layer: the key weight by head, scaled by 1/sqrt(head width); the value weight by head; the value bias."""
+    cached = getattr(model, "_ferrum_folded", None)
+    if cached is None:
+        cached = []
+        for block in model.decoder.blocks:
+            attn = block.cross_attn
+            width = attn.key.weight.shape[1]
+            head = width // attn.n_head
+            key = attn.key.weight.detach().view(attn.n_head, head, width) * head**-0.5
+            value = attn.value.weight.detach().view(attn.n_head, head, width)
+            bias = attn.value.bias.detach().view(attn.n_head, head)
+            cached.append((key, value, bias))
+        model._ferrum_folded = cached
     return cached
 
 

@@ -1,0 +1,30 @@
+"""The static-cache decoder against openai-whisper's own decoder forward, on real audio."""
+
+from __future__ import annotations
+
+import torch
+
+from ferrum_cli.decoding import StaticCacheInference
+
+from .conftest import JFK, corpus, needs_corpus
+
+
+@needs_corpus
+def test_folded_cross_attention_gives_openai_whisper_logits(executor):
+    from whisper.audio import log_mel_spectrogram, pad_or_trim
+
+    from ferrum_cli.audio import decode_file
+
+    model = executor._model
+    mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 400, 370, 11, 452]])
+    with torch.no_grad():
+        features = model.encoder(mel)
+        expected = model.decoder(tokens, features)  # [1, 8, vocab]: openai-whisper's attention, no cache
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.float32)
+        first = inference.logits(tokens[:, :4], features)
+        steps = [inference.logits(tokens[:, : n + 1], features) for n in range(4, 8)]
+    torch.testing.assert_close(first[:, 0], expected[:, 0], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(first[:, 1], expected[:, 3], atol=1e-3, rtol=1e-4)
+    for n, step in zip(range(4, 8), steps):
+        torch.testing.assert_close(step[:, 0], expected[:, n], atol=1e-3, rtol=1e-4)
