@@ -285,8 +285,8 @@ def test_a_thousand_files_one_model_load_and_flat_memory(tmp_path):
 def test_audio_is_streamed_and_windows_are_planned_with_bounded_look_ahead(tmp_path):
 
     from ferrum_cli.audio import SAMPLE_RATE, decode_file, stream_file
-    from ferrum_cli.transcribe import BLOCK, plan_windows
     from ferrum_cli.vad import VadOptions
+    from ferrum_cli.windows import BLOCK, plan_windows
 
     long = tmp_path / "ten_minutes.wav"
     _ffmpeg("-stream_loop", "54", "-i", str(corpus(JFK)), "-ac", "1", "-ar", "16000", str(long))

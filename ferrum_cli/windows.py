@@ -1,0 +1,96 @@
+"""Windows of speech of at most 30 s, planned from a stream: what the batched engine decodes.
+
+Voice activity detection finds the speech; regions less than 5 s apart are packed together,
+and a span longer than 30 s is cut in its deepest pause, so that no window starts inside a
+sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .vad import VadOptions, speech_regions
+
+WINDOW = 30 * SAMPLE_RATE
+FRAME = SAMPLE_RATE // 50  # 20 ms, for finding pauses
+BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
+
+
+def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) -> int:
+    """Sample index in [lo, hi) in the middle of the last half second that is as quiet as the
+    deepest pause there (within 6 dB).
+
+    A window that starts inside a sentence can make Whisper skip that sentence's start, so a
+    cut must fall in a real pause, not in the short dip between two words. Of equally deep
+    pauses the last one is taken: fuller windows mean fewer of them to encode and decode.
+    """
+    region = samples[lo:hi]
+    n = len(region) // FRAME
+    if n == 0:
+        return hi
+    energy = np.square(region[: n * FRAME].reshape(n, FRAME)).mean(axis=1)
+    width = min(pause_frames, n)
+    smoothed = np.convolve(energy, np.ones(width) / width, mode="valid")
+    deepest = float(smoothed.min())
+    last = int(np.flatnonzero(smoothed <= deepest * 4 + 1e-10)[-1])
+    return lo + (last + width // 2) * FRAME + FRAME // 2
+
+
+def pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> list[tuple[int, int]]:
+    """Speech regions packed into windows of at most 30 s; a longer region is cut at its quietest point."""
+    spans: list[tuple[int, int]] = []  # with merge, regions less than 5 s apart are one span
+    for start, end in regions:
+        if merge and spans and start - spans[-1][1] < 5 * SAMPLE_RATE:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    windows: list[tuple[int, int]] = []
+    for start, end in spans:
+        while end - start > WINDOW:
+            cut = quietest_cut(samples, start + WINDOW // 3, start + WINDOW)
+            windows.append((start, cut))
+            start = cut
+        windows.append((start, end))
+    return windows
+
+
+def plan_windows(
+    chunks: Iterable[np.ndarray], vad: bool, vad_options: VadOptions, merge: bool = True
+) -> Iterator[tuple[float, np.ndarray]]:
+    """(offset seconds, samples) windows of speech of at most 30 s, planned block by block from a stream.
+
+    The last window of a block may go on in the next one, so it is carried over unless the
+    speech in it ended more than a second before the block did.
+    """
+    buffer = np.zeros(0, np.float32)
+    offset = 0  # absolute sample index of buffer[0]
+    chunks = iter(chunks)
+    exhausted = False
+    while not exhausted:
+        parts = [buffer]
+        size = len(buffer)
+        while size < BLOCK + len(buffer):
+            chunk = next(chunks, None)
+            if chunk is None:
+                exhausted = True
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        buffer = np.concatenate(parts)
+        if len(buffer) == 0:
+            return
+        regions = speech_regions(buffer, vad_options) if vad else [(0, len(buffer))]
+        windows = pack(buffer, regions, merge)
+        keep_from = len(buffer)
+        if not exhausted:
+            keep_from = max(len(buffer) - SAMPLE_RATE, 0)
+            if windows and len(buffer) - windows[-1][1] <= SAMPLE_RATE:
+                keep_from = windows.pop()[0]
+            elif windows:
+                keep_from = max(keep_from, windows[-1][1])
+        for start, end in windows:
+            yield (offset + start) / SAMPLE_RATE, buffer[start:end]
+        buffer, offset = buffer[keep_from:], offset + keep_from
