@@ -19,6 +19,7 @@ from .audio import SAMPLE_RATE
 
 FRAME = 512  # samples per Silero frame at 16 kHz
 WARMUP_FRAMES = 16  # each stream first reads 0.5 s of the audio before it, to settle its state
+MIN_STREAM_FRAMES = 64  # each stream reads at least 2 s of its own
 
 
 @dataclass
@@ -58,7 +59,7 @@ def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
     n_frames = -(-len(samples) // FRAME)
     if n_frames == 0:
         return np.zeros(0, np.float32)
-    streams = max(1, min(streams, n_frames // 64 or 1))
+    streams = max(1, min(streams, n_frames // MIN_STREAM_FRAMES or 1))
     per = -(-n_frames // streams)
     padded = np.zeros((per * streams + WARMUP_FRAMES) * FRAME, np.float32)
     padded[WARMUP_FRAMES * FRAME : WARMUP_FRAMES * FRAME + len(samples)] = samples
