@@ -1,0 +1,27 @@
+"""Window planning on real speech: where long audio is cut, and how full the windows are."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ferrum_cli.audio import SAMPLE_RATE, decode_file
+from ferrum_cli.vad import VadOptions
+from ferrum_cli.windows import WINDOW, plan_windows
+
+from .conftest import JFK, corpus, needs_corpus
+
+
+@needs_corpus
+def test_of_equally_deep_pauses_the_last_is_cut_so_windows_come_out_full():
+    """JFK (11 s) ten times over with a second of silence between: every pause is as deep as the
+    next, and cutting at the first one after 10 s would give 12 s windows."""
+    speech = decode_file(corpus(JFK)).samples
+    gap = np.zeros(SAMPLE_RATE, np.float32)
+    period = len(speech) + len(gap)
+    audio = np.concatenate([speech, gap] * 10)
+    windows = list(plan_windows([audio], True, VadOptions()))
+    lengths = [len(samples) for _, samples in windows]
+    assert all(n <= WINDOW for n in lengths)
+    assert all(n >= 20 * SAMPLE_RATE for n in lengths[:-1]), [n / SAMPLE_RATE for n in lengths]
+    for offset, _ in windows[1:]:  # every cut falls in a pause
+        assert int(offset * SAMPLE_RATE) % period >= len(speech) - SAMPLE_RATE // 10
