@@ -155,7 +155,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=120)  # a log keeps table rows whole
     work = Path(tempfile.mkdtemp(prefix="ferrum_bench_"))
     audio, models = build_audio(work), build_models(work)
     rows: list[dict] = []
