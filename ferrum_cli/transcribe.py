@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -237,7 +238,7 @@ def _decode_batch(
     cache_dtype: torch.dtype,
     tokenizer,
     languages: list[str] | None = None,
-    one_look: set[int] = frozenset(),
+    one_look: AbstractSet[int] = frozenset(),
 ) -> list:
     """Decode encoded windows together; those that fail the thresholds go again at the next
     temperature, except the rows in one_look, which are decoded at the first temperature only."""
