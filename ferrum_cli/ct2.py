@@ -67,6 +67,9 @@ def read_model_bin(data: bytes | memoryview) -> tuple[str, dict[str, np.ndarray]
         dims = [r.take("<I") for _ in range(r.take("<B"))]
         dtype_id, nbytes = r.take("<B"), r.take("<I")
         raw = r.raw(nbytes)
+        itemsize = 2 if dtype_id == _BFLOAT16 else _DTYPES[dtype_id].itemsize if dtype_id in _DTYPES else 1
+        if nbytes % itemsize:
+            raise ModelIntegrityError(f"model.bin variable {name!r}: {nbytes} bytes is not a whole number of values")
         if dtype_id == _BFLOAT16:
             arr = _bf16_to_f32(raw)
         elif dtype_id in _DTYPES:

@@ -104,6 +104,15 @@ def test_the_hand_written_model_bin_reads_back():
     assert variables["a/weight"].tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
+def test_a_byte_count_that_splits_a_value_is_refused():
+    """Found by the fuzz test below: a float32 variable declared as 25 bytes."""
+    blob = _tiny_model_bin()
+    at = blob.index(struct.pack("<BI", 0, 24))
+    blob = blob[:at] + struct.pack("<BI", 0, 25) + blob[at + 5 :]
+    with pytest.raises(ModelIntegrityError, match="not a whole number of values"):
+        read_model_bin(blob)
+
+
 @settings(max_examples=1000, deadline=None)
 @given(st.data())
 def test_mutated_model_bin_is_read_or_refused_with_a_typed_error(data):
