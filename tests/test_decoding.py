@@ -28,3 +28,21 @@ def test_folded_cross_attention_gives_openai_whisper_logits(executor):
     torch.testing.assert_close(first[:, 1], expected[:, 3], atol=1e-3, rtol=1e-4)
     for n, step in zip(range(4, 8), steps):
         torch.testing.assert_close(step[:, 0], expected[:, n], atol=1e-3, rtol=1e-4)
+
+
+def test_blank_suppression_masks_what_openai_whisper_masks():
+    from whisper.decoding import SuppressBlank
+    from whisper.tokenizer import get_tokenizer
+
+    from ferrum_cli.decoding import BlankSuppression
+
+    tokenizer = get_tokenizer(True, num_languages=99, language="en", task="transcribe")
+    first_step, later_step = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long)
+    for tokens in (first_step, later_step):
+        ours, theirs = torch.zeros(2, 51865), torch.zeros(2, 51865)
+        BlankSuppression(tokenizer, sample_begin=4).apply(ours, tokens)
+        SuppressBlank(tokenizer, sample_begin=4).apply(theirs, tokens)
+        assert torch.equal(ours, theirs)
+    assert torch.isinf(ours).sum() == 0 and torch.isinf(theirs).sum() == 0  # later steps: nothing masked
+    BlankSuppression(tokenizer, sample_begin=4).apply(ours, first_step)
+    assert torch.isinf(ours).sum() == 2 * 2  # " " and end-of-text, in both rows
