@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from .checkpoints import Weights, sha256_file
@@ -73,6 +74,56 @@ def cached_entry(name: str) -> dict | None:
     return meta if meta.get("cache_format") == CACHE_FORMAT else None
 
 
+class _EarlyDigest(threading.Thread):
+    """The SHA-256 of a cached weights file, computed on another thread."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.identity, self.digest = path, _identity(path), None
+
+    def run(self) -> None:
+        try:
+            self.digest = sha256_file(self.path)
+        except OSError:
+            pass
+
+
+_early: dict[Path, _EarlyDigest] = {}
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def start_verifying(name: str) -> None:
+    """Begin checking the cached weights of model `name` while the caller imports torch.
+
+    The check reads the whole file (0.15 s for base) and torch's import keeps one core busy
+    for 1-2 s; hashlib lets go of the GIL, so the two overlap. load() uses the digest only if
+    the file is still the one that was hashed.
+    """
+    if not name or os.sep in name or name.startswith("."):
+        return  # a path, not a model name: nothing of ours to check
+    weights_path, _ = _paths(name)
+    if weights_path in _early or _identity(weights_path) is None:
+        return
+    _early[weights_path] = _EarlyDigest(weights_path)
+    _early[weights_path].start()
+
+
+def _digest(path: Path) -> str:
+    early = _early.pop(path, None)
+    if early is not None:
+        early.join()
+        if early.digest is not None and early.identity == _identity(path):
+            return early.digest
+    return sha256_file(path)
+
+
 def load(name: str) -> Weights:
     """Raises ModelIntegrityError when the file does not match the checksum it was stored with."""
     from safetensors import SafetensorError
@@ -82,7 +133,7 @@ def load(name: str) -> Weights:
     if meta is None:
         raise ModelIntegrityError(f"no usable cache entry for {name}")
     weights_path, _ = _paths(name)
-    if sha256_file(weights_path) != meta["sha256"]:
+    if _digest(weights_path) != meta["sha256"]:
         raise ModelIntegrityError(f"cached model {weights_path} fails its SHA-256 check")
     try:
         state = load_file(str(weights_path))

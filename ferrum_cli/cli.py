@@ -191,6 +191,9 @@ def transcribe(
     ] = False,
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
+    from .cache import start_verifying
+
+    start_verifying(model)  # on another thread, while the imports below load torch
     from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch
     from .inputs import expand
     from .transcribe import TranscribeOptions
