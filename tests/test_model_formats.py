@@ -241,6 +241,26 @@ def test_corrupt_cache_is_detected_and_rebuilt(tmp_path, monkeypatch, caplog):
     assert cache.load("base").format == "cache"
 
 
+def test_cache_checked_early_still_catches_a_file_changed_after_the_check(tmp_path, monkeypatch):
+    """transcribe hashes the cache while torch imports; a file changed after that is hashed again."""
+    from ferrum_cli import cache
+
+    monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
+    resolve("base")
+    cache.start_verifying("base")
+    assert cache.load("base").format == "cache"  # the early digest matched
+    cache.start_verifying("base")
+    cache._early[tmp_path / "models" / "base.safetensors"].join()
+    blob = tmp_path / "models" / "base.safetensors"
+    with open(blob, "r+b") as fh:  # in place: same inode
+        fh.seek(blob.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ModelIntegrityError, match="SHA-256"):
+        cache.load("base")
+
+
 def test_second_process_loads_base_from_the_cache_quickly():
     """Measured, not asserted on time (CI is noisy): the figure goes in the notes."""
     resolve("base")
