@@ -91,9 +91,11 @@ class StaticCacheInference:
         n_batch, n_tokens = q.shape[:2]
         n_head = key.shape[0]
         folded = torch.einsum("bthd,hdn->bthn", q.view(n_batch, n_tokens, n_head, -1), key)
-        folded = folded.reshape(n_batch, n_tokens * n_head, -1).to(self.cache_dtype)
-        weights = torch.bmm(folded, self.features.transpose(1, 2)).softmax(-1, dtype=torch.float32)
-        mixed = torch.bmm(weights.to(self.cache_dtype), self.features).to(self.dtype)
+        folded = folded.reshape(n_batch, 1, n_tokens * n_head, -1).to(self.cache_dtype)
+        # every head attends over the same features: one attention call with the heads as
+        # queries reads them once, where scores and mix as two matmuls read them twice
+        features = self.features[:, None]
+        mixed = F.scaled_dot_product_attention(folded, features, features, scale=1.0)[:, 0].to(self.dtype)
         out = torch.einsum("bthn,hdn->bthd", mixed.view(n_batch, n_tokens, n_head, -1), value) + bias
         return out.flatten(2)
 
