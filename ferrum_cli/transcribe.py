@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions
+from .vad import VadOptions, speech_regions, speech_within
 from .windows import WINDOW, pack, plan_windows
 
 
@@ -323,7 +323,7 @@ def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOp
 
 
 def _unfinished_tail(
-    result, pieces: list[Segment], offset: float, window: np.ndarray, options: TranscribeOptions, tokenizer
+    result, pieces: list[Segment], window: _Window, options: TranscribeOptions, tokenizer
 ) -> tuple[float, np.ndarray] | None:
     """The audio after the last closed segment, when Whisper stopped early and speech goes on.
 
@@ -333,16 +333,16 @@ def _unfinished_tail(
     """
     if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
         return None
-    covered = pieces[-1].end - offset
-    rest = window[int(covered * SAMPLE_RATE) :]
+    covered = pieces[-1].end - window.offset
+    rest = window.samples[int(covered * SAMPLE_RATE) :]
     if covered < 0.5 or len(rest) < SAMPLE_RATE:
         return None
     if options.vad:  # at least half a second of speech itself, not of the padding around it
-        speech = speech_regions(rest, replace(options.vad_options, speech_pad_ms=0))
-        has_speech = sum(b - a for a, b in speech) >= SAMPLE_RATE // 2
+        start = round((window.offset + covered) * SAMPLE_RATE)
+        has_speech = speech_within(window.file.speech, start, start + len(rest)) >= SAMPLE_RATE // 2
     else:
         has_speech = _loudness(rest) > 1e-3
-    return (offset + covered, rest) if has_speech else None
+    return (window.offset + covered, rest) if has_speech else None
 
 
 class _Counted:
@@ -371,6 +371,7 @@ class _File:
     error: Exception | None = None
     reading: bool = True
     pending: int = 0
+    speech: list[tuple[int, int]] = field(default_factory=list)  # VAD's, unpadded, absolute samples
 
     def result(self, options: TranscribeOptions) -> Transcription:
         text = "".join(s.text for s in self.segments).strip()
@@ -438,7 +439,9 @@ def transcribe_stream(
         file = _File(key)
         try:
             file.counted = _Counted(open_audio())
-            file.windows = plan_windows(file.counted, opts.vad, opts.vad_options, merge=not opts.multilingual)
+            file.windows = plan_windows(
+                file.counted, opts.vad, opts.vad_options, merge=not opts.multilingual, speech=file.speech
+            )
             first = list(itertools.islice(file.windows, size))
         except FerrumError as exc:
             file.error, file.reading = exc, False
@@ -534,7 +537,7 @@ def _decode_windows(
         for piece in pieces:
             piece.language = result.language if per_window else None
             found.append((piece, window.file))
-        if tail := _unfinished_tail(result, pieces, window.offset, window.samples, opts, tokenizer):
+        if tail := _unfinished_tail(result, pieces, window, opts, tokenizer):
             tails.append(_Window(window.file, *tail, tail=True))
     return found, tails
 

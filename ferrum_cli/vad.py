@@ -79,11 +79,36 @@ def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
 
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
+    return speech_regions_and_core(samples, options)[0]
+
+
+def speech_regions_and_core(
+    samples: np.ndarray, options: VadOptions | None = None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The padded regions, and the speech itself (no padding), from one pass of the model."""
     options = options or VadOptions()
     probs = speech_probabilities(samples)
     if probs.size == 0:
-        return []
-    stamps = _silero().get_speech_timestamps_from_probs(
-        probs.tolist(), sampling_rate=SAMPLE_RATE, audio_length_samples=len(samples), **asdict(options)
-    )
-    return [(int(s["start"]), int(s["end"])) for s in stamps]
+        return [], []
+    out = []
+    for pad in (options.speech_pad_ms, 0):
+        stamps = _silero().get_speech_timestamps_from_probs(
+            probs.tolist(),
+            sampling_rate=SAMPLE_RATE,
+            audio_length_samples=len(samples),
+            **{**asdict(options), "speech_pad_ms": pad},
+        )
+        out.append([(int(s["start"]), int(s["end"])) for s in stamps])
+    return out[0], out[1]
+
+
+def speech_within(core: list[tuple[int, int]], start: int, end: int) -> int:
+    """Samples of speech in [start, end) by regions that may overlap (blocks are planned with overlap)."""
+    pieces = sorted((max(a, start), min(b, end)) for a, b in core if a < end and b > start)
+    total, reached = 0, start
+    for a, b in pieces:
+        a = max(a, reached)
+        if b > a:
+            total += b - a
+            reached = b
+    return total

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions
+from .vad import VadOptions, speech_regions_and_core
 
 WINDOW = 30 * SAMPLE_RATE
 FRAME = SAMPLE_RATE // 50  # 20 ms, for finding pauses
@@ -58,12 +58,17 @@ def pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> li
 
 
 def plan_windows(
-    chunks: Iterable[np.ndarray], vad: bool, vad_options: VadOptions, merge: bool = True
+    chunks: Iterable[np.ndarray],
+    vad: bool,
+    vad_options: VadOptions,
+    merge: bool = True,
+    speech: list[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[float, np.ndarray]]:
     """(offset seconds, samples) windows of speech of at most 30 s, planned block by block from a stream.
 
     The last window of a block may go on in the next one, so it is carried over unless the
-    speech in it ended more than a second before the block did.
+    speech in it ended more than a second before the block did. With VAD, `speech` receives
+    the unpadded speech regions found (absolute sample ranges, overlapping across blocks).
     """
     buffer = np.zeros(0, np.float32)
     offset = 0  # absolute sample index of buffer[0]
@@ -82,7 +87,11 @@ def plan_windows(
         buffer = np.concatenate(parts)
         if len(buffer) == 0:
             return
-        regions = speech_regions(buffer, vad_options) if vad else [(0, len(buffer))]
+        regions = [(0, len(buffer))]
+        if vad:
+            regions, core = speech_regions_and_core(buffer, vad_options)
+            if speech is not None:
+                speech.extend((offset + a, offset + b) for a, b in core)
         windows = pack(buffer, regions, merge)
         keep_from = len(buffer)
         if not exhausted:

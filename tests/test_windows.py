@@ -25,3 +25,29 @@ def test_of_equally_deep_pauses_the_last_is_cut_so_windows_come_out_full():
     assert all(n >= 20 * SAMPLE_RATE for n in lengths[:-1]), [n / SAMPLE_RATE for n in lengths]
     for offset, _ in windows[1:]:  # every cut falls in a pause
         assert int(offset * SAMPLE_RATE) % period >= len(speech) - SAMPLE_RATE // 10
+
+
+@needs_corpus
+def test_planning_records_the_speech_that_tails_are_checked_against():
+    """The engine asks whether the rest of a window holds speech from the regions VAD found
+    while planning, instead of running VAD again: those regions must be the speech itself."""
+    from ferrum_cli.vad import speech_regions, speech_within
+
+    speech = decode_file(corpus(JFK)).samples
+    silence = np.zeros(3 * SAMPLE_RATE, np.float32)
+    audio = np.concatenate([silence, speech, silence])
+    found: list[tuple[int, int]] = []
+    list(plan_windows([audio], True, VadOptions(), speech=found))
+    assert found == speech_regions(audio, VadOptions(speech_pad_ms=0))
+    assert speech_within(found, 0, 3 * SAMPLE_RATE) == 0  # the leading silence
+    assert speech_within(found, len(audio) - 2 * SAMPLE_RATE, len(audio)) == 0
+    assert speech_within(found, 3 * SAMPLE_RATE, 3 * SAMPLE_RATE + len(speech)) >= 9 * SAMPLE_RATE
+
+
+def test_speech_within_counts_overlapping_regions_once():
+    from ferrum_cli.vad import speech_within
+
+    overlapping = [(0, 100), (50, 150), (300, 400)]  # blocks are planned with overlap
+    assert speech_within(overlapping, 0, 1000) == 250
+    assert speech_within(overlapping, 120, 350) == 30 + 50
+    assert speech_within([], 0, 1000) == 0
