@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions, speech_within
+from .vad import VadOptions, speech_regions, speech_regions_and_core_many, speech_within
 from .windows import WINDOW, pack, plan_windows
 
 
@@ -372,6 +372,7 @@ class _File:
     reading: bool = True
     pending: int = 0
     speech: list[tuple[int, int]] = field(default_factory=list)  # VAD's, unpadded, absolute samples
+    short: np.ndarray | None = None  # the audio of an input read whole, until its windows are planned
 
     def result(self, options: TranscribeOptions) -> Transcription:
         text = "".join(s.text for s in self.segments).strip()
@@ -435,14 +436,43 @@ def transcribe_stream(
             if on_segment:
                 on_segment(file.key, segment)
 
-    def start(key, open_audio) -> _File:
+    def open_file(key, open_audio) -> _File:
+        """Open an input. One that ends within its first 30 s is read whole (`short`), so that
+        its VAD runs together with that of other short ones; a longer one is planned as it streams."""
         file = _File(key)
         try:
             file.counted = _Counted(open_audio())
+            chunks = iter(file.counted)
+            head = list(itertools.islice(chunks, 2))
+        except FerrumError as exc:
+            file.error, file.reading = exc, False
+            return file
+        if len(head) <= 1 and sum(len(c) for c in head) <= WINDOW:
+            file.short = head[0] if head else np.zeros(0, np.float32)
+        else:
             file.windows = plan_windows(
-                file.counted, opts.vad, opts.vad_options, merge=not opts.multilingual, speech=file.speech
+                itertools.chain(head, chunks), opts.vad, opts.vad_options, not opts.multilingual, file.speech
             )
-            first = list(itertools.islice(file.windows, size))
+        return file
+
+    def plan_short(group: list[_File]) -> None:
+        """Windows of inputs read whole, with one VAD pass over all of them."""
+        clips = [file.short for file in group]
+        if opts.vad:
+            found = speech_regions_and_core_many(clips, opts.vad_options)
+        else:
+            found = [([(0, len(clip))] if len(clip) else [], []) for clip in clips]
+        for file, clip, (regions, core) in zip(group, clips, found):
+            windows = pack(clip, regions, merge=not opts.multilingual)
+            file.windows = iter([(a / SAMPLE_RATE, clip[a:b]) for a, b in windows])
+            file.speech, file.short = core, None
+
+    def start(file: _File, whole: bool) -> _File:
+        """Language and first windows of an opened input; `whole`: all its windows are planned."""
+        if file.error is not None:
+            return file
+        try:
+            first = list(file.windows if whole else itertools.islice(file.windows, size))
         except FerrumError as exc:
             file.error, file.reading = exc, False
             return file
@@ -460,6 +490,7 @@ def transcribe_stream(
         else:
             for i, (offset, samples) in enumerate(first):
                 enqueue(file, offset, samples, features[i : i + 1])
+            file.reading = file.reading and not whole
         return file
 
     def fill() -> None:
@@ -470,10 +501,24 @@ def transcribe_stream(
                 except StopIteration:
                     files[-1].reading = False
                 continue
-            item = next(sources, None)
-            if item is None:
+            group: list[_File] = []  # short inputs, opened in a row
+            other = None  # the input after them: long, or unreadable
+            while len(group) < size and other is None:
+                item = next(sources, None)
+                if item is None:
+                    break
+                file = open_file(*item)
+                if file.short is None:
+                    other = file
+                else:
+                    group.append(file)
+            if not group and other is None:
                 return
-            files.append(start(*item))
+            if group:
+                plan_short(group)
+            files.extend(start(file, whole=True) for file in group)
+            if other is not None:
+                files.append(start(other, whole=False))
 
     while True:
         fill()

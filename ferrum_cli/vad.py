@@ -54,27 +54,64 @@ def _model():
 
 def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
     """One speech probability per 32 ms frame."""
+    return speech_probabilities_many([samples], streams)[0]
+
+
+def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> list[np.ndarray]:
+    """speech_probabilities of each input, all in one batch of streams.
+
+    A clip of a few seconds is only a few streams, so alone it runs a hundred steps of the
+    model for little work; clips side by side share those steps. Each input is laid out in
+    streams exactly as it would be alone.
+    """
     import torch
 
-    n_frames = -(-len(samples) // FRAME)
-    if n_frames == 0:
-        return np.zeros(0, np.float32)
-    streams = max(1, min(streams, n_frames // MIN_STREAM_FRAMES or 1))
-    per = -(-n_frames // streams)
-    padded = np.zeros((per * streams + WARMUP_FRAMES) * FRAME, np.float32)
-    padded[WARMUP_FRAMES * FRAME : WARMUP_FRAMES * FRAME + len(samples)] = samples
-    frames = torch.from_numpy(padded).view(-1, FRAME)
-    # stream s reads frames [s*per, s*per + per + WARMUP) of the padded audio; the warm-up is dropped
-    index = torch.arange(streams)[:, None] * per + torch.arange(per + WARMUP_FRAMES)[None, :]
-    model = _model()
-    model.reset_states()
-    out = torch.empty(streams, per + WARMUP_FRAMES)
-    # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
-    # few seconds is over before that pays off, and a long one runs no faster with it
-    with torch.no_grad(), torch.jit.optimized_execution(False):
-        for step in range(per + WARMUP_FRAMES):
-            out[:, step] = model(frames[index[:, step]], SAMPLE_RATE).view(-1)
-    return out[:, WARMUP_FRAMES:].reshape(-1)[:n_frames].numpy()
+    layouts = []  # per input: (frames, streams, frames per stream, first padded frame)
+    parts, base = [], 0
+    for samples in inputs:
+        n_frames = -(-len(samples) // FRAME)
+        count = max(1, min(streams, n_frames // MIN_STREAM_FRAMES or 1))
+        per = -(-n_frames // count)
+        padded = np.zeros((per * count + WARMUP_FRAMES) * FRAME, np.float32)
+        padded[WARMUP_FRAMES * FRAME : WARMUP_FRAMES * FRAME + len(samples)] = samples
+        parts.append(padded)
+        layouts.append((n_frames, count, per, base))
+        base += per * count + WARMUP_FRAMES
+    silent = base  # the frame a stream reads once its own input is over
+    parts.append(np.zeros(FRAME, np.float32))
+    frames = torch.from_numpy(np.concatenate(parts)).view(-1, FRAME)
+    steps = max(per + WARMUP_FRAMES for n, _, per, _ in layouts if n) if any(n for n, *_ in layouts) else 0
+    # stream s of an input reads frames [s*per, s*per + per + WARMUP) of its padded audio; the warm-up is dropped
+    index = torch.cat(
+        [
+            torch.where(
+                torch.arange(steps)[None, :] < per + WARMUP_FRAMES,
+                start + torch.arange(count)[:, None] * per + torch.arange(steps)[None, :],
+                silent,
+            )
+            for n, count, per, start in layouts
+            if n
+        ]
+        or [torch.zeros(0, 0, dtype=torch.long)]
+    )
+    out = torch.empty(index.shape[0], steps)
+    if steps:
+        model = _model()
+        model.reset_states()
+        # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
+        # few seconds is over before that pays off, and a long one runs no faster with it
+        with torch.no_grad(), torch.jit.optimized_execution(False):
+            for step in range(steps):
+                out[:, step] = model(frames[index[:, step]], SAMPLE_RATE).view(-1)
+    results, row = [], 0
+    for n_frames, count, per, _ in layouts:
+        if n_frames == 0:
+            results.append(np.zeros(0, np.float32))
+            continue
+        mine = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per]
+        results.append(mine.reshape(-1)[:n_frames].numpy())
+        row += count
+    return results
 
 
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
@@ -86,20 +123,31 @@ def speech_regions_and_core(
     samples: np.ndarray, options: VadOptions | None = None
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The padded regions, and the speech itself (no padding), from one pass of the model."""
+    return speech_regions_and_core_many([samples], options)[0]
+
+
+def speech_regions_and_core_many(
+    inputs: list[np.ndarray], options: VadOptions | None = None
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """speech_regions_and_core of each input, the model run once over all of them."""
     options = options or VadOptions()
-    probs = speech_probabilities(samples)
-    if probs.size == 0:
-        return [], []
     out = []
-    for pad in (options.speech_pad_ms, 0):
-        stamps = _silero().get_speech_timestamps_from_probs(
-            probs.tolist(),
-            sampling_rate=SAMPLE_RATE,
-            audio_length_samples=len(samples),
-            **{**asdict(options), "speech_pad_ms": pad},
-        )
-        out.append([(int(s["start"]), int(s["end"])) for s in stamps])
-    return out[0], out[1]
+    for samples, probs in zip(inputs, speech_probabilities_many(inputs)):
+        both = []
+        for pad in (options.speech_pad_ms, 0):
+            stamps = (
+                _silero().get_speech_timestamps_from_probs(
+                    probs.tolist(),
+                    sampling_rate=SAMPLE_RATE,
+                    audio_length_samples=len(samples),
+                    **{**asdict(options), "speech_pad_ms": pad},
+                )
+                if probs.size
+                else []
+            )
+            both.append([(int(s["start"]), int(s["end"])) for s in stamps])
+        out.append((both[0], both[1]))
+    return out
 
 
 def speech_within(core: list[tuple[int, int]], start: int, end: int) -> int:

@@ -66,6 +66,20 @@ def run_ferrum(
     return proc
 
 
+def wav_bytes(samples, sample_rate: int = 16000) -> bytes:
+    """16-bit mono WAV of float samples, for audio a test builds."""
+    import io
+    import wave
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(sample_rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+    return buffer.getvalue()
+
+
 def words(text: str) -> str:
     """openai-whisper's English normalizer, so tests compare words and not punctuation."""
     from whisper.normalizers import EnglishTextNormalizer

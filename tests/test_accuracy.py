@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import wave
 
 import numpy as np
 import pytest
@@ -13,17 +11,9 @@ from ferrum_cli.audio import SAMPLE_RATE, decode_file
 from ferrum_cli.transcribe import TranscribeOptions, repetition_loop
 from ferrum_cli.vad import VadOptions, speech_regions
 
-from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum, words
+from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
-
-
-def wav_bytes(samples: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(SAMPLE_RATE)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
-    return buffer.getvalue()
 
 
 def test_language_is_detected_right_on_every_corpus_clip(executor):

@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
+from ferrum_cli.audio import SAMPLE_RATE, decode_file
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError
 from ferrum_cli.transcribe import TranscribeOptions
 
-from .conftest import JFK, corpus, corpus_rows, needs_corpus, words
+from .conftest import JFK, corpus, corpus_rows, needs_corpus, wav_bytes, words
 
 
 @needs_corpus
@@ -125,3 +126,37 @@ def test_voice_activity_detection_leaves_torch_on_every_core():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "2"
+
+
+@needs_corpus
+def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
+    """Short inputs are read whole and their VAD runs in one batch; a long input, a broken one
+    and silence in between keep their places, and each input gets its own words."""
+    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"][:5]
+    clips = [r["path"] for r in rows]
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    silence = tmp_path / "silence.wav"
+    silence.write_bytes(wav_bytes(np.zeros(3 * SAMPLE_RATE, np.float32)))
+    long = tmp_path / "long.wav"  # over 30 s: planned as it streams
+    long.write_bytes(wav_bytes(np.concatenate([decode_file(c).samples for c in clips] * 2)))
+    assert decode_file(long).samples.size > 40 * SAMPLE_RATE
+    inputs = [clips[0], clips[1], str(broken), clips[2], str(long), clips[3], str(silence), clips[4]]
+    references = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
+    references[str(long)] = " ".join([r["reference_transcript"] for r in rows] * 2)
+    together = list(executor.transcribe_many([(i, i) for i in inputs], TranscribeOptions(language="en")))
+    assert [key for key, _ in together] == inputs
+    assert isinstance(together[2][1], AudioDecodeError)
+    assert together[6][1].text == ""
+    for key, result in together:
+        if key in references:
+            expected, got = words(references[key]).split(), set(words(result.text).split())
+            assert sum(w in got for w in expected) >= 0.6 * len(expected), (key, result.text)  # not another input's
+
+
+def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
+    from ferrum_cli.vad import speech_regions_and_core, speech_regions_and_core_many
+
+    clips = [decode_file(r["path"]).samples for r in corpus_rows()[:8]] or pytest.skip("no corpus")
+    clips.append(np.zeros(0, np.float32))
+    assert speech_regions_and_core_many(clips) == [speech_regions_and_core(c) for c in clips]
