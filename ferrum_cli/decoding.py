@@ -59,8 +59,18 @@ class StaticCacheInference:
     there changed words on the corpus (Grimmelshausen became Gremelshausen).
     """
 
-    def __init__(self, model, initial_token_length: int, sot_index: int, cache_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model,
+        initial_token_length: int,
+        sot_index: int,
+        cache_dtype: torch.dtype,
+        max_length: int | None = None,
+    ) -> None:
+        """max_length: the most positions a sequence will take (initial tokens and samples);
+        the caches hold that many, not the decoder's 448, which halves them for one window."""
         self.decoder = model.decoder
+        self.max_length = max_length
         self.dtype = next(model.decoder.parameters()).dtype
         self.cache_dtype = cache_dtype
         self.projection = _projection(model, cache_dtype)
@@ -77,6 +87,7 @@ class StaticCacheInference:
     def _start(self, audio_features: Tensor) -> None:
         decoder = self.decoder
         n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
+        n_ctx = min(n_ctx, self.max_length or n_ctx)
         n_head = decoder.blocks[0].attn.n_head
         width = decoder.token_embedding.weight.shape[1]
         self.features = audio_features.to(self.cache_dtype)
@@ -246,7 +257,11 @@ class FerrumDecodingTask(DecodingTask):
         """Greedy decoding, or sampling at a temperature, where finished sequences leave the batch."""
         if self.fast_cache_dtype is not None:
             self.inference = StaticCacheInference(
-                self.model, len(self.initial_tokens), self.sot_index, self.fast_cache_dtype
+                self.model,
+                len(self.initial_tokens),
+                self.sot_index,
+                self.fast_cache_dtype,
+                max_length=len(self.initial_tokens) + self.sample_len,  # one position per call of the loop
             )
         eot = self.tokenizer.eot
         n_batch = tokens.shape[0]

@@ -46,3 +46,20 @@ def test_blank_suppression_masks_what_openai_whisper_masks():
     assert torch.isinf(ours).sum() == 0 and torch.isinf(theirs).sum() == 0  # later steps: nothing masked
     BlankSuppression(tokenizer, sample_begin=4).apply(ours, first_step)
     assert torch.isinf(ours).sum() == 2 * 2  # " " and end-of-text, in both rows
+
+
+@needs_corpus
+def test_decoding_to_its_sample_length_fits_caches_sized_for_it(executor):
+    """The static caches hold initial tokens + sample_len positions, not all 448."""
+    from whisper.decoding import DecodingOptions
+
+    from ferrum_cli.audio import decode_file
+    from ferrum_cli.transcribe import encode_windows
+
+    model = executor._model
+    features = encode_windows(model, [decode_file(corpus(JFK)).samples], torch.bfloat16)
+    lengths = []
+    for sample_len in (1, 5, 224):
+        options = DecodingOptions(language="en", temperature=0.0, fp16=False, sample_len=sample_len)
+        lengths.append(len(model.decode(features, options, fast_cache_dtype=torch.bfloat16)[0].tokens))
+    assert lengths[:2] == [1, 5] and 5 < lengths[2] < 224  # cut at the limit; the whole text ends by itself
