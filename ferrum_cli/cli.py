@@ -183,7 +183,7 @@ def transcribe(
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")
     ] = False,
-    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 8,
+    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.", min=1, max=64)] = 12,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results and errors.")] = False,
     verbose: Annotated[
