@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,8 +118,9 @@ def run_batch(
                     if events.on_warning:
                         events.on_warning(job, warning)
                 try:
-                    for fmt, path in outputs[job].items():
-                        write_atomic(path, render(result, fmt, layout))
+                    with _signals_held():  # Ctrl-C or SIGTERM waits for all of this input's outputs
+                        for fmt, path in outputs[job].items():
+                            write_atomic(path, render(result, fmt, layout))
                 except FerrumError as exc:
                     _fail(job, exc.message, events, summary)
                     continue
@@ -131,6 +135,34 @@ def run_batch(
             _fail(todo[finished][0], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
             todo = todo[finished + 1 :]
     return summary
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while one input's outputs are written: each output is
+    renamed into place whole, and this keeps the set of them whole too (a .txt never without
+    its .json), so --skip-existing can trust what it finds after an interruption.
+
+    Handlers, not a signal mask: a masked signal would go to another thread (torch's, ffmpeg's
+    readers), and Python would still run its handler here, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be changed from the main thread
+        return
+    caught: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:  # now act on it as it would have been acted on
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0])
 
 
 def _fail(job: Job, reason: str, events: BatchEvents, summary: BatchSummary) -> None:

@@ -324,3 +324,23 @@ def test_sixty_minutes_through_the_cli(tmp_path):
     stdout = proc.stdout.read().decode()
     assert os.waitstatus_to_exitcode(status) == 0
     assert words(stdout).count("ask not what your country can do for you") >= 11
+
+
+def test_a_signal_while_one_input_is_written_waits_until_all_its_outputs_are():
+    from ferrum_cli.batch import _signals_held
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    written = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the signal has arrived by now; the handler has not run
+                written.append("the .json after the .txt")
+        assert written == ["the .json after the .txt"]
+        assert signal.getsignal(signal.SIGTERM) is interrupted  # put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
