@@ -66,57 +66,60 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> l
     """
     import torch
 
-    layouts = []  # per input: (frames, streams, frames per stream, first padded frame)
+    results = [np.zeros(0, np.float32) for _ in inputs]
+    audible = [i for i, samples in enumerate(inputs) if len(samples)]
+    if not audible:
+        return results
+    layouts = []  # per audible input: (frames, streams, frames per stream, first padded frame)
     parts, base = [], 0
-    for samples in inputs:
-        n_frames = -(-len(samples) // FRAME)
+    for i in audible:
+        n_frames = -(-len(inputs[i]) // FRAME)
         count = max(1, min(streams, n_frames // MIN_STREAM_FRAMES or 1))
         per = -(-n_frames // count)
         padded = np.zeros((per * count + WARMUP_FRAMES) * FRAME, np.float32)
-        padded[WARMUP_FRAMES * FRAME : WARMUP_FRAMES * FRAME + len(samples)] = samples
+        padded[WARMUP_FRAMES * FRAME : WARMUP_FRAMES * FRAME + len(inputs[i])] = inputs[i]
         parts.append(padded)
         layouts.append((n_frames, count, per, base))
         base += per * count + WARMUP_FRAMES
-    silent = base  # the frame a stream reads once its own input is over
-    parts.append(np.zeros(FRAME, np.float32))
+    parts.append(np.zeros(FRAME, np.float32))  # frame `base`: what a stream reads once its input is over
     frames = torch.from_numpy(np.concatenate(parts)).view(-1, FRAME)
-    steps = max(per + WARMUP_FRAMES for n, _, per, _ in layouts if n) if any(n for n, *_ in layouts) else 0
+    steps = max(per + WARMUP_FRAMES for _, _, per, _ in layouts)
+    step = torch.arange(steps)[None, :]
     # stream s of an input reads frames [s*per, s*per + per + WARMUP) of its padded audio; the warm-up is dropped
     index = torch.cat(
         [
-            torch.where(
-                torch.arange(steps)[None, :] < per + WARMUP_FRAMES,
-                start + torch.arange(count)[:, None] * per + torch.arange(steps)[None, :],
-                silent,
-            )
-            for n, count, per, start in layouts
-            if n
+            torch.where(step < per + WARMUP_FRAMES, start + torch.arange(count)[:, None] * per + step, base)
+            for _, count, per, start in layouts
         ]
-        or [torch.zeros(0, 0, dtype=torch.long)]
     )
     out = torch.empty(index.shape[0], steps)
-    if steps:
-        model = _model()
-        model.reset_states()
-        # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
-        # few seconds is over before that pays off, and a long one runs no faster with it
-        with torch.no_grad(), torch.jit.optimized_execution(False):
-            for step in range(steps):
-                out[:, step] = model(frames[index[:, step]], SAMPLE_RATE).view(-1)
-    results, row = [], 0
-    for n_frames, count, per, _ in layouts:
-        if n_frames == 0:
-            results.append(np.zeros(0, np.float32))
-            continue
-        mine = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per]
-        results.append(mine.reshape(-1)[:n_frames].numpy())
+    model = _model()
+    model.reset_states()
+    # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
+    # few seconds is over before that pays off, and a long one runs no faster with it
+    with torch.no_grad(), torch.jit.optimized_execution(False):
+        for s in range(steps):
+            out[:, s] = model(frames[index[:, s]], SAMPLE_RATE).view(-1)
+    row = 0
+    for i, (n_frames, count, per, _) in zip(audible, layouts):
+        results[i] = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per].reshape(-1)[:n_frames].numpy()
         row += count
     return results
 
 
+def _regions(probs: list[float], n_samples: int, options: VadOptions, pad_ms: int) -> list[tuple[int, int]]:
+    if not probs:
+        return []
+    stamps = _silero().get_speech_timestamps_from_probs(
+        probs, sampling_rate=SAMPLE_RATE, audio_length_samples=n_samples, **{**asdict(options), "speech_pad_ms": pad_ms}
+    )
+    return [(int(s["start"]), int(s["end"])) for s in stamps]
+
+
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
-    return speech_regions_and_core(samples, options)[0]
+    options = options or VadOptions()
+    return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
 
 
 def speech_regions_and_core(
@@ -133,20 +136,9 @@ def speech_regions_and_core_many(
     options = options or VadOptions()
     out = []
     for samples, probs in zip(inputs, speech_probabilities_many(inputs)):
-        both = []
-        for pad in (options.speech_pad_ms, 0):
-            stamps = (
-                _silero().get_speech_timestamps_from_probs(
-                    probs.tolist(),
-                    sampling_rate=SAMPLE_RATE,
-                    audio_length_samples=len(samples),
-                    **{**asdict(options), "speech_pad_ms": pad},
-                )
-                if probs.size
-                else []
-            )
-            both.append([(int(s["start"]), int(s["end"])) for s in stamps])
-        out.append((both[0], both[1]))
+        frames = probs.tolist()
+        padded = _regions(frames, len(samples), options, options.speech_pad_ms)
+        out.append((padded, _regions(frames, len(samples), options, 0)))
     return out
 
 
