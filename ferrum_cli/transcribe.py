@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions, speech_regions_and_core_many, speech_within
-from .windows import WINDOW, pack, plan_windows
+from .vad import VadOptions, speech_regions, speech_within
+from .windows import WINDOW, pack, plan_whole, plan_windows
 
 
 @dataclass
@@ -456,16 +456,9 @@ def transcribe_stream(
         return file
 
     def plan_short(group: list[_File]) -> None:
-        """Windows of inputs read whole, with one VAD pass over all of them."""
-        clips = [file.short for file in group]
-        if opts.vad:
-            found = speech_regions_and_core_many(clips, opts.vad_options)
-        else:
-            found = [([(0, len(clip))] if len(clip) else [], []) for clip in clips]
-        for file, clip, (regions, core) in zip(group, clips, found):
-            windows = pack(clip, regions, merge=not opts.multilingual)
-            file.windows = iter([(a / SAMPLE_RATE, clip[a:b]) for a, b in windows])
-            file.speech, file.short = core, None
+        planned = plan_whole([file.short for file in group], opts.vad, opts.vad_options, not opts.multilingual)
+        for file, (windows, speech) in zip(group, planned):
+            file.windows, file.speech, file.short = iter(windows), speech, None
 
     def start(file: _File, whole: bool) -> _File:
         """Language and first windows of an opened input; `whole`: all its windows are planned."""

@@ -122,17 +122,10 @@ def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> li
     return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
 
 
-def speech_regions_and_core(
-    samples: np.ndarray, options: VadOptions | None = None
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The padded regions, and the speech itself (no padding), from one pass of the model."""
-    return speech_regions_and_core_many([samples], options)[0]
-
-
 def speech_regions_and_core_many(
     inputs: list[np.ndarray], options: VadOptions | None = None
 ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """speech_regions_and_core of each input, the model run once over all of them."""
+    """Per input, its padded regions and the speech itself (no padding), the model run once over all."""
     options = options or VadOptions()
     out = []
     for samples, probs in zip(inputs, speech_probabilities_many(inputs)):

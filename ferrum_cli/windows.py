@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions_and_core
+from .vad import VadOptions, speech_regions_and_core_many
 
 WINDOW = 30 * SAMPLE_RATE
 FRAME = SAMPLE_RATE // 50  # 20 ms, for finding pauses
@@ -57,6 +57,26 @@ def pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> li
     return windows
 
 
+def _speech(
+    buffers: list[np.ndarray], vad: bool, vad_options: VadOptions
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """VAD's padded regions and unpadded speech in each buffer; without VAD all sound is speech."""
+    if vad:
+        return speech_regions_and_core_many(buffers, vad_options)
+    return [([(0, len(b))] if len(b) else [], []) for b in buffers]
+
+
+def plan_whole(
+    clips: list[np.ndarray], vad: bool, vad_options: VadOptions, merge: bool = True
+) -> list[tuple[list[tuple[float, np.ndarray]], list[tuple[int, int]]]]:
+    """For inputs read whole: the (offset seconds, samples) windows and the unpadded speech regions
+    of each, with one VAD pass over all of them (see vad.speech_probabilities_many)."""
+    return [
+        ([(a / SAMPLE_RATE, clip[a:b]) for a, b in pack(clip, regions, merge)], core)
+        for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options))
+    ]
+
+
 def plan_windows(
     chunks: Iterable[np.ndarray],
     vad: bool,
@@ -87,11 +107,9 @@ def plan_windows(
         buffer = np.concatenate(parts)
         if len(buffer) == 0:
             return
-        regions = [(0, len(buffer))]
-        if vad:
-            regions, core = speech_regions_and_core(buffer, vad_options)
-            if speech is not None:
-                speech.extend((offset + a, offset + b) for a, b in core)
+        ((regions, core),) = _speech([buffer], vad, vad_options)
+        if speech is not None:
+            speech.extend((offset + a, offset + b) for a, b in core)
         windows = pack(buffer, regions, merge)
         keep_from = len(buffer)
         if not exhausted:

@@ -155,8 +155,9 @@ def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
 
 
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
-    from ferrum_cli.vad import speech_regions_and_core, speech_regions_and_core_many
+    from ferrum_cli.vad import VadOptions, speech_regions, speech_regions_and_core_many
 
     clips = [decode_file(r["path"]).samples for r in corpus_rows()[:8]] or pytest.skip("no corpus")
     clips.append(np.zeros(0, np.float32))
-    assert speech_regions_and_core_many(clips) == [speech_regions_and_core(c) for c in clips]
+    alone = [(speech_regions(c), speech_regions(c, VadOptions(speech_pad_ms=0))) for c in clips]
+    assert speech_regions_and_core_many(clips) == alone
