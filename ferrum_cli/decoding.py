@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,8 @@ from whisper.decoding import (
     PyTorchInference,
     SuppressBlank,
 )
+
+T = TypeVar("T")
 
 
 class PositionalInference(PyTorchInference):
@@ -147,23 +152,28 @@ class StaticCacheInference:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
 
 
+def _derived(model, name: str, make: Callable[[], T]) -> T:
+    """Something computed from the model's weights once and kept on the model, which outlives
+    the decoding tasks that use it (one task per batch)."""
+    kept = model.__dict__.setdefault("_ferrum_derived", {})
+    if name not in kept:
+        kept[name] = make()
+    return kept[name]
+
+
 def _projection(model, dtype: torch.dtype) -> Tensor:
-    """The token embedding as the output projection, in dtype; the copy is made once per model."""
+    """The token embedding as the output projection, in dtype."""
     weight = model.decoder.token_embedding.weight
     if weight.dtype == dtype:
         return weight
-    cached = getattr(model, "_ferrum_projection", None)
-    if cached is None or cached.dtype != dtype:
-        cached = weight.detach().to(dtype)
-        model._ferrum_projection = cached
-    return cached
+    return _derived(model, f"projection {dtype}", lambda: weight.detach().to(dtype))
 
 
 def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Per layer: the key weight by head, scaled by 1/sqrt(head width); the value weight by head; the value bias."""
-    cached = getattr(model, "_ferrum_folded", None)
-    if cached is None:
-        cached = []
+
+    def fold() -> list[tuple[Tensor, Tensor, Tensor]]:
+        folded = []
         for block in model.decoder.blocks:
             attn = block.cross_attn
             width = attn.key.weight.shape[1]
@@ -171,9 +181,10 @@ def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
             key = attn.key.weight.detach().view(attn.n_head, head, width) * head**-0.5
             value = attn.value.weight.detach().view(attn.n_head, head, width)
             bias = attn.value.bias.detach().view(attn.n_head, head)
-            cached.append((key, value, bias))
-        model._ferrum_folded = cached
-    return cached
+            folded.append((key, value, bias))
+        return folded
+
+    return _derived(model, "folded cross-attention", fold)
 
 
 class BlankSuppression(SuppressBlank):
