@@ -203,6 +203,31 @@ class BlankSuppression(SuppressBlank):
             logits[:, self.blank] = -np.inf
 
 
+class SpeechContinuation:
+    """End-of-text is masked in a row while its window holds speech after the last timestamp.
+
+    Whisper sometimes closes a segment and ends a window that goes on speaking. openai-whisper
+    then seeks to that timestamp and decodes a new window; here the same row goes on, with the
+    window already encoded. `unfinished[row, k]`: speech follows timestamp k in that row's window.
+    """
+
+    def __init__(self, tokenizer, sample_begin: int, unfinished: Tensor) -> None:
+        self.eot, self.timestamp_begin = tokenizer.eot, tokenizer.timestamp_begin
+        self.sample_begin = sample_begin
+        self.unfinished = unfinished
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        if tokens.shape[1] <= self.sample_begin:
+            return
+        stamp = tokens[:, -1] - self.timestamp_begin  # a segment just closed where it is >= 0
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        index = stamp.clamp(0, self.unfinished.shape[1] - 1)
+        logits[(stamp >= 0) & self.unfinished[rows, index], self.eot] = -np.inf
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.unfinished = self.unfinished[rows]
+
+
 class FerrumDecodingTask(DecodingTask):
     def __init__(
         self,
@@ -210,11 +235,17 @@ class FerrumDecodingTask(DecodingTask):
         options: DecodingOptions,
         fast_cache_dtype: torch.dtype | None = None,
         row_languages: list[str] | None = None,
+        unfinished: Tensor | None = None,
     ) -> None:
         super().__init__(model, options)
         self.logit_filters = [
             BlankSuppression(f.tokenizer, f.sample_begin) if type(f) is SuppressBlank else f for f in self.logit_filters
         ]
+        self.continuation = None
+        if unfinished is not None and not options.without_timestamps:
+            unfinished = unfinished.repeat_interleave(self.n_group, dim=0)
+            self.continuation = SpeechContinuation(self.tokenizer, self.sample_begin, unfinished)
+            self.logit_filters.insert(0, self.continuation)
         self.inference = PositionalInference(model, len(self.initial_tokens), self.sot_index)
         self.fast_cache_dtype = fast_cache_dtype
         self.row_languages = row_languages
@@ -306,6 +337,8 @@ class FerrumDecodingTask(DecodingTask):
                 if not bool(running.all()):
                     active, tokens, audio_features = active[running], tokens[running], audio_features[running]
                     self.inference.keep_rows(running)
+                    if self.continuation is not None:
+                        self.continuation.keep_rows(running)
         finally:
             self.inference.cleanup_caching()
         return out[:, : length + 1], sum_logprobs, no_speech_probs
@@ -318,12 +351,15 @@ def decode(
     options: DecodingOptions | None = None,
     fast_cache_dtype: torch.dtype | None = None,
     row_languages: list[str] | None = None,
+    unfinished: Tensor | None = None,
     **kwargs,
 ) -> DecodingResult | list[DecodingResult]:
     """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it.
 
     fast_cache_dtype: greedy decoding uses the static-cache decoder, its caches in this dtype.
     row_languages: the language of each row, when a batch mixes files (options.language is then None).
+    unfinished: [rows, timestamps] bool, where each row's window holds speech after a timestamp
+    (see SpeechContinuation).
     """
     from dataclasses import replace
 
@@ -331,5 +367,5 @@ def decode(
     single = mel.ndim == 2
     if single:
         mel = mel.unsqueeze(0)
-    results = FerrumDecodingTask(model, options, fast_cache_dtype, row_languages).run(mel)
+    results = FerrumDecodingTask(model, options, fast_cache_dtype, row_languages, unfinished).run(mel)
     return results[0] if single else results

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
-from .vad import VadOptions, speech_regions, speech_within
+from .vad import VadOptions, speech_after, speech_regions, speech_within
 from .windows import WINDOW, pack, plan_whole, plan_windows
 
 
@@ -239,9 +239,11 @@ def _decode_batch(
     tokenizer,
     languages: list[str] | None = None,
     one_look: AbstractSet[int] = frozenset(),
+    unfinished: torch.Tensor | None = None,
 ) -> list:
     """Decode encoded windows together; those that fail the thresholds go again at the next
-    temperature, except the rows in one_look, which are decoded at the first temperature only."""
+    temperature, except the rows in one_look, which are decoded at the first temperature only.
+    unfinished: see decoding.SpeechContinuation."""
     from whisper.decoding import DecodingOptions
 
     results: list = [None] * features.shape[0]
@@ -259,6 +261,7 @@ def _decode_batch(
                 DecodingOptions(**kwargs, prompt=prompt),
                 fast_cache_dtype=cache_dtype,
                 row_languages=rows,
+                unfinished=None if unfinished is None else unfinished[pending],
             )
         still = []
         for index, result in zip(pending, decoded):
@@ -322,6 +325,25 @@ def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOp
     return detect_language(model, features, tokenizer)
 
 
+STAMP = SAMPLE_RATE // 50  # Whisper's timestamps are 20 ms apart
+N_STAMPS = WINDOW // STAMP + 1
+GO_ON_SPEECH = 2 * SAMPLE_RATE
+
+
+def _speech_after_stamps(window: _Window) -> np.ndarray:
+    """For each of Whisper's timestamps, whether 2 s of speech or more follow it in the window:
+    where end-of-text would leave speech out (see decoding.SpeechContinuation).
+
+    Less is left to _unfinished_tail. In a window that is done, Whisper's last timestamp often
+    falls a second or two before VAD's end of speech; forced on there, it made text up.
+    """
+    start = round(window.offset * SAMPLE_RATE)
+    after = speech_after(window.file.speech, start, start + len(window.samples), STAMP)[:N_STAMPS]
+    out = np.zeros(N_STAMPS, dtype=bool)
+    out[: len(after)] = after >= GO_ON_SPEECH
+    return out
+
+
 def _unfinished_tail(
     result, pieces: list[Segment], window: _Window, options: TranscribeOptions, tokenizer
 ) -> tuple[float, np.ndarray] | None:
@@ -329,7 +351,8 @@ def _unfinished_tail(
 
     Whisper sometimes ends a window with a complete segment and end-of-text although the
     window holds more speech; openai-whisper's sequential loop then seeks to that timestamp.
-    The batched engine decodes the rest of the window again, so no sentence is lost.
+    With 2 s of speech left or more, the row was kept going (SpeechContinuation); what still
+    ends early, or without VAD, has the rest of its window decoded again, so no sentence is lost.
     """
     if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
         return None
@@ -563,7 +586,10 @@ def _decode_windows(
     features = torch.cat([w.features for w in batch])
     languages = None if per_window else [w.file.language for w in batch]
     tail_rows = {i for i, w in enumerate(batch) if w.tail}
-    results = _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages, tail_rows)
+    unfinished = None
+    if opts.vad:
+        unfinished = torch.from_numpy(np.stack([_speech_after_stamps(w) for w in batch])).to(features.device)
+    results = _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages, tail_rows, unfinished)
     found: list[tuple[Segment, _File]] = []
     tails: list[_Window] = []
     for window, result in zip(batch, results):

@@ -135,13 +135,24 @@ def speech_regions_and_core_many(
     return out
 
 
+def _covered(core: list[tuple[int, int]], start: int, end: int) -> np.ndarray:
+    """Which samples of [start, end) are speech, by regions that may overlap (blocks are planned with overlap)."""
+    covered = np.zeros(max(end - start, 0), dtype=bool)
+    for a, b in core:
+        if a < end and b > start:
+            covered[max(a, start) - start : min(b, end) - start] = True
+    return covered
+
+
 def speech_within(core: list[tuple[int, int]], start: int, end: int) -> int:
-    """Samples of speech in [start, end) by regions that may overlap (blocks are planned with overlap)."""
-    pieces = sorted((max(a, start), min(b, end)) for a, b in core if a < end and b > start)
-    total, reached = 0, start
-    for a, b in pieces:
-        a = max(a, reached)
-        if b > a:
-            total += b - a
-            reached = b
-    return total
+    """Samples of speech in [start, end)."""
+    return int(np.count_nonzero(_covered(core, start, end)))
+
+
+def speech_after(core: list[tuple[int, int]], start: int, end: int, step: int) -> np.ndarray:
+    """Samples of speech in [start + k * step, end), for each k with start + k * step < end."""
+    covered = _covered(core, start, end)
+    padded = np.zeros(-(-len(covered) // step) * step, dtype=bool)
+    padded[: len(covered)] = covered
+    per_step = padded.reshape(-1, step).sum(axis=1)
+    return np.cumsum(per_step[::-1])[::-1]

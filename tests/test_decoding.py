@@ -63,3 +63,62 @@ def test_decoding_to_its_sample_length_fits_caches_sized_for_it(executor):
         options = DecodingOptions(language="en", temperature=0.0, fp16=False, sample_len=sample_len)
         lengths.append(len(model.decode(features, options, fast_cache_dtype=torch.bfloat16)[0].tokens))
     assert lengths[:2] == [1, 5] and 5 < lengths[2] < 224  # cut at the limit; the whole text ends by itself
+
+
+def test_end_of_text_is_masked_only_where_a_segment_just_closed_before_more_speech():
+    from whisper.tokenizer import get_tokenizer
+
+    from ferrum_cli.decoding import SpeechContinuation
+
+    tokenizer = get_tokenizer(True, num_languages=99, language="en", task="transcribe")
+    stamp = tokenizer.timestamp_begin
+    unfinished = torch.zeros(4, 1501, dtype=torch.bool)
+    unfinished[:, :500] = True  # speech goes on until 10 s into each window
+    tokens = torch.tensor(
+        [
+            [1, 2, 3, stamp + 0, 400, stamp + 100],  # a segment closed at 2 s
+            [1, 2, 3, stamp + 0, 400, stamp + 600],  # closed at 12 s: nothing follows
+            [1, 2, 3, stamp + 0, 400, 401],  # inside a segment: end-of-text ends it with the window
+            [1, 2, 3, stamp + 0, 400, stamp + 100],
+        ]
+    )
+    continuation = SpeechContinuation(tokenizer, sample_begin=3, unfinished=unfinished)
+    continuation.unfinished[3] = False  # a window whose speech ended
+    logits = torch.zeros(4, tokenizer.timestamp_begin + 1501)
+    continuation.apply(logits, tokens)
+    assert torch.isinf(logits[:, tokenizer.eot]).tolist() == [True, False, False, False]
+    assert torch.isinf(logits).sum() == 1
+
+    continuation.keep_rows(torch.tensor([False, True, True, True]))  # the first row finished
+    logits = torch.zeros(3, tokenizer.timestamp_begin + 1501)
+    continuation.apply(logits, tokens[1:])
+    assert not torch.isinf(logits).any()
+    continuation.apply(logits[:1], tokens[:1, :3])  # nothing sampled yet: nothing to judge
+    assert not torch.isinf(logits).any()
+
+
+@needs_corpus
+def test_a_row_told_that_speech_goes_on_does_not_end_before_it_while_other_rows_leave(executor):
+    """Rows leave the batch as they end; each row's table must leave with it."""
+    import numpy as np
+    from whisper.decoding import DecodingOptions
+    from whisper.tokenizer import get_tokenizer
+
+    from ferrum_cli.audio import SAMPLE_RATE, decode_file
+    from ferrum_cli.transcribe import encode_windows
+
+    model = executor._model
+    jfk = decode_file(corpus(JFK)).samples
+    short = jfk[: 3 * SAMPLE_RATE]  # ends first, and leaves the batch
+    features = encode_windows(model, [short, jfk, jfk], torch.bfloat16)
+    options = DecodingOptions(language="en", temperature=0.0, fp16=False)
+    plain = model.decode(features, options, fast_cache_dtype=torch.bfloat16)
+    unfinished = torch.zeros(3, 1501, dtype=torch.bool)
+    unfinished[2, :900] = True  # as if speech went on until 20 s in the third window
+    told = model.decode(features, options, fast_cache_dtype=torch.bfloat16, unfinished=unfinished)
+    assert [r.tokens for r in told[:2]] == [r.tokens for r in plain[:2]]
+    begin = get_tokenizer(model.is_multilingual, num_languages=model.num_languages).timestamp_begin
+    stamps = [t - begin for t in told[2].tokens if t >= begin]
+    assert stamps and stamps[-1] >= 900  # no end-of-text right after a segment closed before 18 s
+    assert told[2].tokens[: len(plain[2].tokens) - 1] == plain[2].tokens[:-1]  # the same up to its old end
+    assert len(told[2].tokens) > len(plain[2].tokens) and np.isfinite(told[2].avg_logprob)

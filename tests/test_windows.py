@@ -51,3 +51,13 @@ def test_speech_within_counts_overlapping_regions_once():
     assert speech_within(overlapping, 0, 1000) == 250
     assert speech_within(overlapping, 120, 350) == 30 + 50
     assert speech_within([], 0, 1000) == 0
+
+
+def test_speech_after_each_timestamp_is_what_speech_within_counts_from_there():
+    from ferrum_cli.vad import speech_after, speech_within
+
+    overlapping = [(0, 100), (50, 150), (300, 400)]
+    for start, end in ((0, 1000), (120, 350), (0, 95), (500, 500)):
+        after = speech_after(overlapping, start, end, 20)
+        assert len(after) == -(-(end - start) // 20)
+        assert after.tolist() == [speech_within(overlapping, t, end) for t in range(start, end, 20)]
