@@ -395,7 +395,13 @@ class _File:
     reading: bool = True
     pending: int = 0
     speech: list[tuple[int, int]] = field(default_factory=list)  # VAD's, unpadded, absolute samples
+    planned_to: float = 0.0  # seconds: where the last window queued ends; those after it start there or later
     short: np.ndarray | None = None  # the audio of an input read whole, until its windows are planned
+
+    def forget_speech_before(self, sample: int) -> None:
+        """Drop the speech regions that end before `sample`, where no window is left to check.
+        In place: the planner goes on adding to this list."""
+        self.speech[:] = [region for region in self.speech if region[1] > sample]
 
     def result(self, options: TranscribeOptions) -> Transcription:
         text = "".join(s.text for s in self.segments).strip()
@@ -447,6 +453,7 @@ def transcribe_stream(
     def enqueue(file: _File, offset: float, samples: np.ndarray, features=None) -> None:
         queue.append(_Window(file, offset, samples, features))
         file.pending += 1
+        file.planned_to = offset + len(samples) / SAMPLE_RATE
 
     def publish(file: _File) -> None:
         """Segments in time order, each once no window still queued can come before it."""
@@ -556,6 +563,8 @@ def transcribe_stream(
             file.found.append(segment)
         for file in {id(w.file): w.file for w in batch}.values():
             publish(file)
+            frontier = min([w.offset for w in queue if w.file is file] + [file.planned_to])
+            file.forget_speech_before(round(frontier * SAMPLE_RATE))
         release_freed_memory()
         if on_progress:
             last = batch[-1]

@@ -61,3 +61,15 @@ def test_speech_after_each_timestamp_is_what_speech_within_counts_from_there():
         after = speech_after(overlapping, start, end, 20)
         assert len(after) == -(-(end - start) // 20)
         assert after.tolist() == [speech_within(overlapping, t, end) for t in range(start, end, 20)]
+
+
+def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them():
+    """An input's regions would grow with its length; the planner keeps adding to the same list."""
+    from ferrum_cli.transcribe import _File
+
+    file = _File("input")
+    planner_view = file.speech
+    file.speech.extend([(0, 100), (90, 300), (500, 800)])
+    file.forget_speech_before(250)
+    assert planner_view is file.speech
+    assert file.speech == [(90, 300), (500, 800)]
