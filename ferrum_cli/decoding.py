@@ -252,6 +252,7 @@ class FerrumDecodingTask(DecodingTask):
 
     def _detect_language(self, audio_features: Tensor, tokens: Tensor):
         """Rows of one batch may come from files in different languages, each already known."""
+        audio_features = audio_features[:: audio_features.shape[0] // tokens.shape[0]]  # see _get_audio_features
         if self.row_languages is None or self.sot_index + 1 >= tokens.shape[1]:
             return super()._detect_language(audio_features, tokens)
         tokens[:, self.sot_index + 1] = torch.tensor(
@@ -260,11 +261,18 @@ class FerrumDecodingTask(DecodingTask):
         return list(self.row_languages), None
 
     def _get_audio_features(self, mel: Tensor) -> Tensor:
+        """The features, one row per sequence for the greedy loop when it samples best-of-n.
+
+        openai-whisper's run() repeats the tokens n times but not the features (its decoder
+        broadcasts a single audio over them), and afterwards keeps every n-th feature row.
+        """
         dtype = next(self.model.parameters()).dtype
         mel = mel.to(dtype)
-        if mel.shape[-2:] == (self.model.dims.n_audio_ctx, self.model.dims.n_audio_state):
-            return mel  # already encoded
-        return self.model.encoder(mel)
+        encoded = mel.shape[-2:] == (self.model.dims.n_audio_ctx, self.model.dims.n_audio_state)
+        features = mel if encoded else self.model.encoder(mel)
+        if self.n_group > 1 and isinstance(self.decoder, GreedyDecoder):
+            features = features.repeat_interleave(self.n_group, dim=0)
+        return features
 
     def _main_loop(self, audio_features: Tensor, tokens: Tensor):
         if isinstance(self.decoder, GreedyDecoder):

@@ -40,6 +40,15 @@ def test_single_file_prints_its_text():
     assert "language" not in proc.stdout
 
 
+@pytest.mark.parametrize("engine", [[], ["--sequential"]])
+def test_sampling_best_of_n_candidates_works_on_both_engines(engine):
+    proc = run_ferrum(
+        "transcribe", str(corpus(JFK)), "--language", "en", "--temperature", "0.4", "--best-of", "3", *engine
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
+
+
 def test_stdin_pipe_prints_the_text():
     proc = run_ferrum("transcribe", "-", stdin=corpus("de_librivox_simplicissimus_aeneas.mp3").read_bytes())
     assert proc.returncode == 0, proc.stderr

@@ -122,3 +122,24 @@ def test_a_row_told_that_speech_goes_on_does_not_end_before_it_while_other_rows_
     assert stamps and stamps[-1] >= 900  # no end-of-text right after a segment closed before 18 s
     assert told[2].tokens[: len(plain[2].tokens) - 1] == plain[2].tokens[:-1]  # the same up to its old end
     assert len(told[2].tokens) > len(plain[2].tokens) and np.isfinite(told[2].avg_logprob)
+
+
+@needs_corpus
+def test_best_of_n_sampling_decodes_each_window_of_a_batch(executor):
+    """openai-whisper repeats the tokens for the n candidates but not the audio features;
+    the batched engine's loop needs one feature row per candidate."""
+    from whisper.decoding import DecodingOptions
+
+    from ferrum_cli.audio import SAMPLE_RATE, decode_file
+    from ferrum_cli.transcribe import encode_windows
+
+    model = executor._model
+    jfk = decode_file(corpus(JFK)).samples
+    features = encode_windows(model, [jfk[: 3 * SAMPLE_RATE], jfk], torch.bfloat16)
+    options = DecodingOptions(language="en", temperature=0.4, best_of=3, fp16=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        short, whole = model.decode(features, options, fast_cache_dtype=torch.bfloat16)
+    assert "fellow" in short.text.lower() and "country" not in short.text.lower()
+    assert "ask not what your country" in whole.text.lower()
+    assert short.temperature == whole.temperature == 0.4
