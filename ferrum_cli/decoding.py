@@ -247,6 +247,8 @@ class FerrumDecodingTask(DecodingTask):
             self.continuation = SpeechContinuation(self.tokenizer, self.sample_begin, unfinished)
             self.logit_filters.insert(0, self.continuation)
         self.inference = PositionalInference(model, len(self.initial_tokens), self.sot_index)
+        if hasattr(self.decoder, "inference"):  # beam search reorders the caches of the inference it was given
+            self.decoder.inference = self.inference
         self.fast_cache_dtype = fast_cache_dtype
         self.row_languages = row_languages
 

@@ -91,5 +91,8 @@ def build_model(weights: Weights, device: str, dtype: torch.dtype) -> FerrumWhis
         heads[dims.n_text_layer // 2 :] = True  # openai-whisper's own default
     model.register_buffer("alignment_heads", heads.to_sparse(), persistent=False)
     model = model.to(device=device, dtype=dtype)
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.float()  # openai-whisper normalizes in float32 and CPU kernels want float32 weights for it
     model.eval()
     return model

@@ -40,11 +40,21 @@ def test_single_file_prints_its_text():
     assert "language" not in proc.stdout
 
 
-@pytest.mark.parametrize("engine", [[], ["--sequential"]])
-def test_sampling_best_of_n_candidates_works_on_both_engines(engine):
-    proc = run_ferrum(
-        "transcribe", str(corpus(JFK)), "--language", "en", "--temperature", "0.4", "--best-of", "3", *engine
-    )
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--temperature", "0.4", "--best-of", "3"],
+        ["--temperature", "0.4", "--best-of", "3", "--sequential"],
+        ["--beam-size", "2"],
+        ["--beam-size", "3", "--patience", "2"],
+        ["--dtype", "bfloat16"],
+        ["--dtype", "float16"],
+    ],
+    ids=" ".join,
+)
+def test_decoding_options_that_take_paths_of_their_own(options):
+    """Best-of-n sampling, beam search, and weights in half precision on the CPU."""
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "--language", "en", *options)
     assert proc.returncode == 0, proc.stderr
     assert "ask not what your country can do for you" in words(proc.stdout)
 
