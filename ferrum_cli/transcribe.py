@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -674,22 +676,25 @@ def transcribe_sequential(
         return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
     get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=options.task)
-    result = transcribe(
-        model,
-        samples,
-        verbose=None,
-        temperature=options.temperature,
-        compression_ratio_threshold=options.compression_ratio_threshold,
-        logprob_threshold=options.logprob_threshold,
-        no_speech_threshold=options.no_speech_threshold,
-        condition_on_previous_text=options.condition_on_previous_text,
-        initial_prompt=options.prompt_text(),
-        word_timestamps=options.word_timestamps,
-        language=language,
-        task=options.task,
-        fp16=next(model.parameters()).dtype == torch.float16,
-        **{k: v for k, v in decode.items() if v is not None},
-    )
+    with warnings.catch_warnings(record=True) as caught:  # openai-whisper's warnings, as the input's own
+        warnings.simplefilter("always")
+        result = transcribe(
+            model,
+            samples,
+            verbose=None,
+            temperature=options.temperature,
+            compression_ratio_threshold=options.compression_ratio_threshold,
+            logprob_threshold=options.logprob_threshold,
+            no_speech_threshold=options.no_speech_threshold,
+            condition_on_previous_text=options.condition_on_previous_text,
+            initial_prompt=options.prompt_text(),
+            word_timestamps=options.word_timestamps,
+            language=language,
+            task=options.task,
+            # float16 decoding options are for CUDA: on the CPU openai-whisper warns and uses float32
+            fp16=model.device.type != "cpu" and next(model.parameters()).dtype == torch.float16,
+            **{k: v for k, v in decode.items() if v is not None},
+        )
     if options.word_timestamps and options.vad:
         snap_words_to_speech(result["segments"], speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     segments = []
@@ -709,6 +714,15 @@ def transcribe_sequential(
         segments.append(seg)
         if on_segment:
             on_segment(seg)
-    return Transcription(
+    out = Transcription(
         result["text"].strip(), segments, language, probability, duration, {**asdict(options), "engine": "sequential"}
     )
+    for caught_warning in caught:
+        if "whisper" in Path(caught_warning.filename).parts:
+            out.warnings.append(str(caught_warning.message))
+        else:
+            warnings.showwarning(
+                caught_warning.message, caught_warning.category, caught_warning.filename, caught_warning.lineno
+            )
+    out.warnings[:] = dict.fromkeys(out.warnings)
+    return out

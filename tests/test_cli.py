@@ -59,6 +59,16 @@ def test_decoding_options_that_take_paths_of_their_own(options):
     assert "ask not what your country can do for you" in words(proc.stdout)
 
 
+def test_openai_whisper_warnings_come_as_one_clean_line_of_the_input():
+    proc = run_ferrum(
+        "transcribe", str(corpus(JFK)), "--task", "translate", "--word-timestamps", "--dtype", "float16"
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    expected = f"warning: {corpus(JFK)}: Word-level timestamps on translations may not be reliable."
+    assert expected in proc.stderr.splitlines()
+    assert "UserWarning" not in proc.stderr and "FP16" not in proc.stderr  # float16 weights are ours to run
+
+
 def test_stdin_pipe_prints_the_text():
     proc = run_ferrum("transcribe", "-", stdin=corpus("de_librivox_simplicissimus_aeneas.mp3").read_bytes())
     assert proc.returncode == 0, proc.stderr
