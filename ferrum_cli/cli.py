@@ -303,6 +303,7 @@ def transcribe(
     )
     try:
         executor = _load_executor(model, device, dtype, threads)
+        _run(executor.check_options, options)
         if progress:
             progress.start()
         _run(

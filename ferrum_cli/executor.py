@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ExecutorStateError, FerrumError
+from .errors import ExecutorStateError, FerrumError, UsageError
 from .transcribe import Segment, TranscribeOptions, Transcription
 
 
@@ -70,6 +70,16 @@ class WhisperModelExecutor:
             raise ExecutorStateError("the executor has been shut down; create a new one with from_path()")
         return self._model
 
+    def check_options(self, options: TranscribeOptions) -> None:
+        """An English-only model transcribes English: other languages and translation are refused up front."""
+        if self._model.is_multilingual:
+            return
+        name = self._info.get("name", "this model")
+        if options.language not in (None, "en"):
+            raise UsageError(f"model {name} is English-only; it cannot transcribe language {options.language!r}")
+        if options.task == "translate":
+            raise UsageError(f"model {name} is English-only; it cannot translate")
+
     def warmup(self) -> float:
         """One real forward pass (encoder and a decoder step) on 30 s of silence; returns seconds."""
         import numpy as np
@@ -115,6 +125,7 @@ class WhisperModelExecutor:
 
         model = self._require_model()
         options = options or TranscribeOptions()
+        self.check_options(options)
         with self._lock:
             self._state = "busy"
             try:
@@ -160,6 +171,7 @@ class WhisperModelExecutor:
 
         model = self._require_model()
         options = options or TranscribeOptions()
+        self.check_options(options)
         if options.sequential:
             for key, source in items:
                 try:

@@ -439,9 +439,11 @@ def transcribe_stream(
     """
     from .errors import FerrumError
 
+    if not model.is_multilingual:  # as openai-whisper: an English-only model is told its language
+        options = replace(options, language="en", multilingual=False)
     dtype = compute_dtype(model, options)
     size = options.batch_size
-    per_window = options.multilingual and options.language is None and model.is_multilingual
+    per_window = options.multilingual and options.language is None
     opts = replace(options, language=options.language if not per_window else None)
     tokenizer = get_tokenizer(
         model.is_multilingual, num_languages=model.num_languages, language=opts.language or "en", task=opts.task
@@ -595,7 +597,7 @@ def _decode_windows(
         for i, window in enumerate(missing):
             window.features = encoded[i : i + 1]
     features = torch.cat([w.features for w in batch])
-    languages = None if per_window else [w.file.language for w in batch]
+    languages = None if per_window or opts.language else [w.file.language for w in batch]  # files detected apart
     tail_rows = {i for i, w in enumerate(batch) if w.tail}
     unfinished = None
     if opts.vad:

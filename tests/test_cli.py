@@ -59,6 +59,17 @@ def test_decoding_options_that_take_paths_of_their_own(options):
     assert "ask not what your country can do for you" in words(proc.stdout)
 
 
+def test_an_english_only_model_transcribes_english_and_refuses_other_languages():
+    for engine in ([], ["--sequential"], ["--language", "en", "--multilingual"]):
+        proc = run_ferrum("transcribe", str(corpus(JFK)), "--model", "tiny.en", *engine)
+        assert proc.returncode == 0, proc.stderr
+        assert "ask not what your country can do for you" in words(proc.stdout)
+    for refused, reason in ((["--language", "de"], "transcribe language 'de'"), (["--task", "translate"], "translate")):
+        proc = run_ferrum("transcribe", str(corpus(JFK)), "--model", "tiny.en", *refused)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == f"error: model tiny.en is English-only; it cannot {reason}"
+
+
 def test_openai_whisper_warnings_come_as_one_clean_line_of_the_input():
     proc = run_ferrum(
         "transcribe", str(corpus(JFK)), "--task", "translate", "--word-timestamps", "--dtype", "float16"
