@@ -72,7 +72,7 @@ class WhisperModelExecutor:
 
     def check_options(self, options: TranscribeOptions) -> None:
         """An English-only model transcribes English: other languages and translation are refused up front."""
-        if self._model.is_multilingual:
+        if self._require_model().is_multilingual:
             return
         name = self._info.get("name", "this model")
         if options.language not in (None, "en"):
