@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
@@ -422,6 +423,7 @@ class _Window:
     samples: np.ndarray
     features: torch.Tensor | None = None
     tail: bool = False  # the rest of a window Whisper ended early: a second look
+    follows: str = ""  # a tail: the text of the segment it comes after
 
 
 def transcribe_stream(
@@ -611,12 +613,21 @@ def _decode_windows(
             continue  # a tail is a second look: kept only when Whisper is sure of it
         duration = len(window.samples) / SAMPLE_RATE
         pieces = _segments_from_tokens(result, window.offset, duration, tokenizer, 0)
+        if window.tail and pieces and _repeats_the_end(pieces[0].text, window.follows):
+            pieces = pieces[1:]
         for piece in pieces:
             piece.language = result.language if per_window else None
             found.append((piece, window.file))
         if tail := _unfinished_tail(result, pieces, window, opts, tokenizer):
-            tails.append(_Window(window.file, *tail, tail=True))
+            tails.append(_Window(window.file, *tail, tail=True, follows=pieces[-1].text))
     return found, tails
+
+
+def _repeats_the_end(text: str, before: str, most: int = 3) -> bool:
+    """Whether `text` is only the last word or few of `before`. Whisper's last timestamp can fall
+    inside the last word it read, and the tail decoded from there reads that word again."""
+    words, previous = re.findall(r"\w+", text.lower()), re.findall(r"\w+", before.lower())
+    return 0 < len(words) <= most and previous[-len(words) :] == words
 
 
 def transcribe_batched(

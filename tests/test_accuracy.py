@@ -117,6 +117,17 @@ def test_clips_joined_with_silences_keep_every_sentence_with_vad(executor):
     assert _wer(reference, with_vad) <= _wer(reference, without)
 
 
+def test_the_last_word_before_an_early_end_is_not_read_twice(executor):
+    """Whisper closes 'ask what you can do for your country' at 17.2 s, inside 'country', and
+    ends the window; the rest of it, decoded again, reads 'country.' once more."""
+    question = decode_file(corpus("en_librispeech_4507-16021-0012.wav")).samples
+    jfk = decode_file(corpus(JFK)).samples
+    audio = np.concatenate([question, np.zeros(int(4.5 * SAMPLE_RATE), np.float32), jfk])
+    result = executor.transcribe(wav_bytes(audio), TranscribeOptions(language="en"))
+    assert words(result.text).split().count("country") == 2
+    assert words(result.text).endswith("ask what you can do for your country")
+
+
 def test_word_timestamps_on_jfk(executor):
     path = corpus(JFK)
     result = executor.transcribe(path, TranscribeOptions(language="en", word_timestamps=True, sequential=True))

@@ -73,3 +73,15 @@ def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them()
     file.forget_speech_before(250)
     assert planner_view is file.speech
     assert file.speech == [(90, 300), (500, 800)]
+
+
+def test_a_tail_that_only_reads_the_last_words_again_is_recognised():
+    from ferrum_cli.transcribe import _repeats_the_end
+
+    before = " Ask what you can do for your country"
+    assert _repeats_the_end(" country.", before)
+    assert _repeats_the_end(" your Country!", before)
+    assert not _repeats_the_end(" 1455.", " the Gutenberg or 42 line Bible of about")
+    assert not _repeats_the_end(" country, and the world.", before)  # it goes on: new words
+    assert not _repeats_the_end(" can do for your country", before)  # more than the last few words
+    assert not _repeats_the_end(" ...", before)
