@@ -730,12 +730,8 @@ def transcribe_sequential(
     out = Transcription(
         result["text"].strip(), segments, language, probability, duration, {**asdict(options), "engine": "sequential"}
     )
-    for caught_warning in caught:
-        if "whisper" in Path(caught_warning.filename).parts:
-            out.warnings.append(str(caught_warning.message))
-        else:
-            warnings.showwarning(
-                caught_warning.message, caught_warning.category, caught_warning.filename, caught_warning.lineno
-            )
-    out.warnings[:] = dict.fromkeys(out.warnings)
+    ours = [w for w in caught if "whisper" in Path(w.filename).parts]
+    out.warnings.extend(dict.fromkeys(str(w.message) for w in ours))  # each message once
+    for other in (w for w in caught if w not in ours):
+        warnings.showwarning(other.message, other.category, other.filename, other.lineno)
     return out
