@@ -232,7 +232,7 @@ def transcribe(
         condition_on_previous_text=condition_on_previous_text,
         initial_prompt=initial_prompt,
         word_timestamps=word_timestamps,
-        sequential=sequential or word_timestamps or (beam_size or 1) > 1,
+        sequential=sequential,
         batch_size=batch_size,
         vad=vad,
         vad_options=VadOptions(

@@ -132,12 +132,12 @@ class WhisperModelExecutor:
                 if isinstance(audio, (bytes, bytearray, memoryview)):
                     decoded = decode_bytes(bytes(audio))
                     chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
-                elif options.sequential:
+                elif options.runs_sequentially:
                     decoded = decode_file(audio)
                     chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
                 else:
                     chunks, samples, warning = stream_file(audio), None, None
-                if samples is not None and options.sequential:
+                if samples is not None and options.runs_sequentially:
                     result = transcribe_sequential(model, samples, options, on_segment)
                 else:
                     result = transcribe_batched(model, chunks, options, on_segment, on_progress)
@@ -172,7 +172,7 @@ class WhisperModelExecutor:
         model = self._require_model()
         options = options or TranscribeOptions()
         self.check_options(options)
-        if options.sequential:
+        if options.runs_sequentially:
             for key, source in items:
                 try:
                     data = source() if callable(source) else source

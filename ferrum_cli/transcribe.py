@@ -46,6 +46,11 @@ class TranscribeOptions:
     hotwords: str | None = None
     compute: str = "auto"  # batched engine: "auto" (bfloat16 where the CPU runs it natively), "float32"
 
+    @property
+    def runs_sequentially(self) -> bool:
+        """Word timestamps and beam search exist only in openai-whisper's sequential algorithm."""
+        return self.sequential or self.word_timestamps or (self.beam_size or 1) > 1
+
     def prompt_text(self) -> str | None:
         """Hotwords go ahead of the initial prompt: both bias the decoder towards their words."""
         parts = [p.strip() for p in (self.hotwords, self.initial_prompt) if p and p.strip()]
