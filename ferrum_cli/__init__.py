@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import deferred_numba
+
 __version__ = "0.1.0"
+
+deferred_numba.install()
 
 if TYPE_CHECKING:
     from .executor import WhisperModelExecutor

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from ferrum_cli.audio import SAMPLE_RATE, decode_file
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError
 from ferrum_cli.transcribe import TranscribeOptions
 
-from .conftest import JFK, corpus, corpus_rows, needs_corpus, wav_bytes, words
+from .conftest import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
 
 
 @needs_corpus
@@ -126,6 +127,31 @@ def test_voice_activity_detection_leaves_torch_on_every_core():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "2"
+
+
+def test_numba_is_imported_only_when_words_are_aligned():
+    """openai-whisper imports numba (0.2 s of a cold start) only for word timestamps' DTW; a plain
+    transcription does without it, and word timestamps still get numba's compiled DTW."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from ferrum_cli import WhisperModelExecutor
+        from ferrum_cli.transcribe import TranscribeOptions
+        executor = WhisperModelExecutor.from_path("base", device="cpu")
+        executor.transcribe({str(SAMPLE)!r}, TranscribeOptions(language="en"))
+        print("numba" in sys.modules)
+        result = executor.transcribe({str(SAMPLE)!r}, TranscribeOptions(language="en", word_timestamps=True))
+        print(sum(len(segment.words) for segment in result.segments))
+        import whisper.timing
+        print(type(whisper.timing.dtw_cpu).__name__, type(whisper.timing.backtrace).__name__)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    imported_before, word_count, compiled = proc.stdout.splitlines()
+    assert imported_before == "False"
+    assert int(word_count) >= 15
+    assert compiled == "CPUDispatcher CPUDispatcher"
 
 
 @needs_corpus
