@@ -173,10 +173,26 @@ def decode_bytes(data: bytes) -> DecodedAudio:
     return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
 
 
+PIPE_BYTES = 1 << 20  # 16 s of audio: what a started ffmpeg may decode before anyone reads
+
+
+def _widen_pipe(pipe) -> None:
+    """Let ffmpeg run ahead of its reader by PIPE_BYTES; Linux only, and only as far as allowed."""
+    import fcntl
+
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
+        try:
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: the default pipe still works
+
+
 class AudioStream:
     """float32 chunks as ffmpeg produces them, so memory does not grow with length.
 
-    `warning` is set once the stream is exhausted, if the input turned out truncated or damaged.
+    start() spawns ffmpeg ahead of reading: a short input decodes whole into the pipe while
+    the caller loads the model on the other core. `warning` is set once the stream is
+    exhausted, if the input turned out truncated or damaged.
     """
 
     def __init__(self, path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> None:
@@ -185,11 +201,29 @@ class AudioStream:
         self.source = os.path.abspath(p)
         self.chunk_bytes = int(chunk_seconds * SAMPLE_RATE) * 4
         self.warning: str | None = None
+        self._started: subprocess.Popen | None = None
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def start(self) -> AudioStream:
+        if self._started is None:
+            self._started = self._spawn()
+        return self
+
+    def close(self) -> None:
+        """Stop an ffmpeg that start() spawned and nobody read."""
+        proc, self._started = self._started, None
+        if proc is not None:
+            proc.kill()
+            proc.communicate()
+
+    def _spawn(self) -> subprocess.Popen:
         proc = subprocess.Popen(
             _decode_args(self.source), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        _widen_pipe(proc.stdout)
+        return proc
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        proc, self._started = self._started or self._spawn(), None
         stderr_parts: list[bytes] = []
         # drain stderr on the side: a damaged long file can fill the pipe and stall ffmpeg
         drain = threading.Thread(target=lambda: stderr_parts.append(proc.stderr.read()), daemon=True)

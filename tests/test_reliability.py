@@ -9,11 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ferrum_cli.audio import find_ffmpeg
 
-from .conftest import FERRUM, JFK, corpus, needs_corpus, run_ferrum, words
+from .conftest import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
 
 pytestmark = needs_corpus
 
@@ -305,6 +306,27 @@ def test_audio_is_streamed_and_windows_are_planned_with_bounded_look_ahead(tmp_p
         assert consumed[0] - end <= BLOCK + 2 * len(speech) + 30 * SAMPLE_RATE
         assert len(window) <= 30 * SAMPLE_RATE
     assert consumed[0] >= 3500 * SAMPLE_RATE
+
+
+def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same():
+    """The CLI starts ffmpeg for the first inputs before the model loads. A clip of up to 16 s
+    decodes whole into the pipe with nobody reading, and reads back sample for sample."""
+    from ferrum_cli.audio import stream_file
+
+    started = stream_file(SAMPLE).start()
+    started._started.wait(timeout=60)  # it would block on a full pipe, and time out, if the pipe were not wide enough
+    assert np.array_equal(np.concatenate(list(started)), np.concatenate(list(stream_file(SAMPLE))))
+
+
+def test_a_started_stream_left_unread_is_stopped(tmp_path):
+    from ferrum_cli.audio import stream_file
+
+    long = tmp_path / "two_minutes.wav"
+    _ffmpeg("-stream_loop", "10", "-i", str(corpus(JFK)), "-ac", "1", "-ar", "16000", str(long))
+    stream = stream_file(long).start()
+    ffmpeg = stream._started
+    stream.close()
+    assert ffmpeg.returncode is not None  # killed and reaped, not left blocked on its full pipe
 
 
 def test_sixty_minutes_through_the_cli(tmp_path):
