@@ -15,13 +15,16 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .audio import SAMPLE_RATE
 from .vad import VadOptions, speech_after, speech_regions, speech_within
 from .windows import WINDOW, pack, plan_whole, plan_windows
+
+if TYPE_CHECKING:  # torch is imported where the model runs: batch.py and the CLI start before it loads
+    import torch
 
 
 @dataclass
@@ -63,6 +66,21 @@ class TranscribeOptions:
         else:
             kwargs["beam_size"], kwargs["patience"] = self.beam_size, self.patience
         return kwargs
+
+
+def language_code(language: str) -> str | None:
+    """openai-whisper's code for a language given by code or English name; None for "auto"."""
+    from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    from .errors import UsageError
+
+    name = language.strip().lower()
+    if name in ("auto", ""):
+        return None
+    code = TO_LANGUAGE_CODE.get(name, name)
+    if code not in LANGUAGES:
+        raise UsageError(f"unknown language {language!r}")
+    return code
 
 
 @dataclass
@@ -107,6 +125,8 @@ class Transcription:
 
 def compute_dtype(model, options: TranscribeOptions) -> torch.dtype:
     """The dtype the batched engine computes in: bfloat16 autocast on CPUs with native bfloat16."""
+    import torch
+
     from .devices import cpu_has_native_bf16
 
     weights = next(model.parameters()).dtype
@@ -138,6 +158,7 @@ ENCODER_BATCH = 4  # windows per encoder pass: more buys no speed on a CPU, only
 
 def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-mel of each window, padded to 30 s, through the encoder (autocast to dtype)."""
+    import torch
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
     weights = next(model.parameters()).dtype
@@ -169,6 +190,8 @@ def language_windows(windows: list[np.ndarray], count: int = 3) -> list[int]:
 
 def detect_language(model, features: torch.Tensor, tokenizer) -> tuple[str, float]:
     """Average the language probabilities of several encoded windows; 'und' when there are none."""
+    import torch
+
     if not model.is_multilingual:
         return "en", 1.0
     if features.shape[0] == 0:
@@ -252,6 +275,7 @@ def _decode_batch(
     """Decode encoded windows together; those that fail the thresholds go again at the next
     temperature, except the rows in one_look, which are decoded at the first temperature only.
     unfinished: see decoding.SpeechContinuation."""
+    import torch
     from whisper.decoding import DecodingOptions
 
     results: list = [None] * features.shape[0]
@@ -325,6 +349,8 @@ def _segments_from_tokens(result, offset: float, duration: float, tokenizer, fir
 
 def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOptions) -> tuple[str, float]:
     """Language and probability from up to three speech windows of the first batch; 'und' without speech."""
+    import torch
+
     windows = plan_windows(chunks, options.vad, options.vad_options)
     first = [w for _, w in itertools.islice(windows, options.batch_size)]
     chosen = [first[i] for i in language_windows(first)]
@@ -362,6 +388,7 @@ def _unfinished_tail(
     With 2 s of speech left or more, the row was kept going (SpeechContinuation); what still
     ends early, or without VAD, has the rest of its window decoded again, so no sentence is lost.
     """
+
     if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
         return None
     covered = pieces[-1].end - window.offset
@@ -598,6 +625,8 @@ def _decode_windows(
 ) -> tuple[list[tuple[Segment, _File]], list[_Window]]:
     """Decode a batch of windows: their segments, and the unfinished tails to decode next,
     like openai-whisper's seek."""
+    import torch
+
     missing = [w for w in batch if w.features is None]
     if missing:
         encoded = encode_windows(model, [w.samples for w in missing], dtype)
@@ -677,6 +706,7 @@ def transcribe_sequential(
     on_segment: Callable[[Segment], None] | None = None,
 ) -> Transcription:
     """openai-whisper's transcribe() on our model: same algorithm, same text."""
+    import torch
     from whisper.transcribe import transcribe
 
     duration = len(samples) / SAMPLE_RATE
