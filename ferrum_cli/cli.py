@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -193,10 +194,10 @@ def transcribe(
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from .cache import start_verifying
 
-    start_verifying(model)  # on another thread, while the imports below load torch
-    from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch
+    start_verifying(model)  # on another thread, while the model loads
+    from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch, start_decoding
     from .inputs import expand
-    from .transcribe import TranscribeOptions
+    from .transcribe import TranscribeOptions, language_code
     from .vad import VadOptions
     from .writers import ensure_writable_dir, parse_formats, render, segment_json
 
@@ -212,15 +213,8 @@ def transcribe(
     jobs = _run(expand, inputs, stdin_name)
     if output_dir is not None:
         _run(ensure_writable_dir, output_dir)
-    lang = None if language.lower() in ("auto", "") else language.lower()
-    if lang is not None:
-        from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
-
-        lang = TO_LANGUAGE_CODE.get(lang, lang)
-        if lang not in LANGUAGES:
-            _fail(UsageError(f"unknown language {language!r}"))
     options = TranscribeOptions(
-        language=lang,
+        language=None,  # checked below, once ffmpeg runs: openai-whisper's language table imports torch
         task=task,
         beam_size=beam_size,
         best_of=best_of,
@@ -255,6 +249,7 @@ def transcribe(
     signal.signal(signal.SIGTERM, _on_signal)
     summary = BatchSummary()
     if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
+        _run(language_code, language)  # a bad option is an error even with nothing left to do
         summary.skipped = len(jobs)
         if not quiet:
             _print_summary(summary)
@@ -272,7 +267,7 @@ def transcribe(
                 if not stream_jsonl:
                     sys.stdout.write(render(result, fmt, layout))
             sys.stdout.flush()
-        if result.language and not quiet and lang is None:
+        if result.language and not quiet and options.language is None:
             err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
         if progress:
             progress.advance_file(result.duration)
@@ -302,23 +297,26 @@ def transcribe(
         on_progress=(lambda job, sec: progress.within_file(sec)) if progress else None,
     )
     try:
-        executor = _load_executor(model, device, dtype, threads)
-        _run(executor.check_options, options)
-        if progress:
-            progress.start()
-        _run(
-            run_batch,
-            executor,
-            jobs,
-            options,
-            formats,
-            output_dir,
-            layout,
-            skip_existing,
-            events,
-            summary,
-            _state["debug"],
-        )
+        with start_decoding(jobs, options, output_dir, formats, skip_existing) as started:
+            options = replace(options, language=_run(language_code, language))
+            executor = _load_executor(model, device, dtype, threads)
+            _run(executor.check_options, options)
+            if progress:
+                progress.start()
+            _run(
+                run_batch,
+                executor,
+                jobs,
+                options,
+                formats,
+                output_dir,
+                layout,
+                skip_existing,
+                events,
+                summary,
+                _state["debug"],
+                started,
+            )
     except (KeyboardInterrupt, Interrupted) as exc:
         summary.interrupted = True
         code = exc.code if isinstance(exc, Interrupted) else 130

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .audio import AudioStream
 from .errors import ExecutorStateError, FerrumError, UsageError
 from .transcribe import Segment, TranscribeOptions, Transcription
 
@@ -156,12 +157,12 @@ class WhisperModelExecutor:
 
     def transcribe_many(
         self,
-        items: Iterable[tuple[object, str | os.PathLike[str] | bytes | Callable[[], bytes]]],
+        items: Iterable[tuple[object, str | os.PathLike[str] | bytes | Callable[[], bytes] | AudioStream]],
         options: TranscribeOptions | None = None,
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
-        """(key, result or error) for each (key, path, bytes or a callable giving bytes), in order.
+        """(key, result or error) for each (key, path, bytes, a callable giving bytes, or an AudioStream), in order.
 
         The batched engine decodes windows of several inputs together; an input that fails comes
         back as its error and the rest go on.
@@ -175,6 +176,9 @@ class WhisperModelExecutor:
         if options.runs_sequentially:
             for key, source in items:
                 try:
+                    if isinstance(source, AudioStream):  # the sequential engine decodes the file whole
+                        source.close()
+                        source = source.source
                     data = source() if callable(source) else source
                     yield (
                         key,
@@ -185,6 +189,8 @@ class WhisperModelExecutor:
             return
 
         def opener(source):
+            if isinstance(source, AudioStream):
+                return lambda: source
             if callable(source):
                 return lambda: decode_bytes(source())
             if isinstance(source, (bytes, bytearray, memoryview)):
