@@ -197,17 +197,21 @@ def main() -> None:
         for name, note, _ in systems:
             record(scenario, name, audio_s, runs[name], ref, note)
 
-    def ferrum_run(inputs, join=None):
+    def in_order(texts: dict, inputs: list[str]) -> str:
+        """One text per run, the inputs' texts in input order, to score against the joined references."""
+        return " ".join(texts[i] for i in inputs)
+
+    def ferrum_run(inputs):
         def run():
             texts, wall, rss = ferrum(inputs, work)
-            return (join or (lambda t: t[inputs[0]]))(texts), wall, rss
+            return in_order(texts, inputs), wall, rss
 
         return run
 
-    def peer_run(system, model, inputs, *extra, join=None, whole=False):
+    def peer_run(system, model, inputs, *extra, whole=False):
         def run():
             texts, secs, rss, wall = peer(system, model, inputs, *extra)
-            return (join or (lambda t: t[inputs[0]]))(texts), wall if whole else secs, rss
+            return in_order(texts, inputs), wall if whole else secs, rss
 
         return run
 
@@ -228,7 +232,6 @@ def main() -> None:
     )
 
     clips, clip_s = audio["clips"], audio["clip_seconds"]
-    joined = lambda texts: " ".join(texts[c] for c in clips)  # noqa: E731
     clip_ref = " ".join(audio["clip_refs"][c] for c in clips)
     console.print(f"[b]12 clips[/b] ({clip_s:.1f} s) in one process, best time of {ROUNDS}")
     rounds(
@@ -236,9 +239,9 @@ def main() -> None:
         clip_s,
         clip_ref,
         [
-            ("ferrum", whole, ferrum_run(clips, joined)),
-            ("openai-whisper fp32", only, peer_run("openai", models["pt"], clips, join=joined)),
-            ("faster-whisper int8", only, peer_run("faster", models["ct2"], clips, join=joined)),
+            ("ferrum", whole, ferrum_run(clips)),
+            ("openai-whisper fp32", only, peer_run("openai", models["pt"], clips)),
+            ("faster-whisper int8", only, peer_run("faster", models["ct2"], clips)),
         ],
         ROUNDS,
     )

@@ -298,7 +298,7 @@ def _decode_batch(
         still = []
         for index, result in zip(pending, decoded):
             results[index] = result
-            if _needs_fallback(result, options, eot) and not (step == 0 and index in one_look):
+            if not (step == 0 and index in one_look) and _needs_fallback(result, options, eot):
                 still.append(index)
         pending = still
         if not pending:
