@@ -203,6 +203,8 @@ def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, cod
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a test run started in the background of a script inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "clip00.json").exists():
