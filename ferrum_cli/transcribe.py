@@ -699,6 +699,13 @@ def snap_words_to_speech(segments: list[dict], regions: list[tuple[int, int]]) -
             segment["start"] = segment["words"][0]["start"]
 
 
+def _plain_words(words: list[dict] | None) -> list[dict] | None:
+    """openai-whisper's word times and probabilities are numpy floats; a library user gets Python's."""
+    if words is None:
+        return None
+    return [{k: v.item() if isinstance(v, np.generic) else v for k, v in word.items()} for word in words]
+
+
 def transcribe_sequential(
     model,
     samples: np.ndarray,
@@ -757,7 +764,7 @@ def transcribe_sequential(
             s["no_speech_prob"],
             s["compression_ratio"],
             s["temperature"],
-            s.get("words"),
+            _plain_words(s.get("words")),
         )
         segments.append(seg)
         if on_segment:
