@@ -388,7 +388,6 @@ def _unfinished_tail(
     With 2 s of speech left or more, the row was kept going (SpeechContinuation); what still
     ends early, or without VAD, has the rest of its window decoded again, so no sentence is lost.
     """
-
     if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
         return None
     covered = pieces[-1].end - window.offset
