@@ -8,6 +8,11 @@ noisy, so the systems of a scenario take turns, BENCH_ROUNDS times (2), and the 
 counts; WER is the mean over the runs (openai-whisper's fallback sampling is not seeded, so
 its text changes from run to run). The figures go to bench/results/latest.json. A
 benchmark, not a test: nothing here asserts a time.
+
+BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in float16, and
+faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
+issue's, so that run prints its ratios without them and writes bench/results/cuda.json.
+BENCH_CORPUS names the corpus folder where ../shared/corpus is not beside the checkout.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpus"
+CORPUS = Path(os.environ.get("BENCH_CORPUS") or ROOT.parent / "shared" / "corpus")
 RESULTS = ROOT / "bench" / "results"
 BIN = Path(sys.executable).parent
+DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
 SR = 16000
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))  # runs of each system per scenario; the best time counts
 
@@ -69,7 +76,7 @@ def build_audio(work: Path) -> dict:
     }
 
 
-def build_models(work: Path) -> dict:
+def build_models(work: Path, with_ct2: bool) -> dict:
     """The same weights for everyone: openai's .pt and a CTranslate2 folder, from the base pack."""
     import torch
 
@@ -79,6 +86,8 @@ def build_models(work: Path) -> dict:
     weights = resolve("base")
     pt = work / "base.pt"
     torch.save({"dims": weights.dims, "model_state_dict": {k: v.float() for k, v in weights.state_dict.items()}}, pt)
+    if not with_ct2:
+        return {"pt": str(pt)}
     pack = next(p for p in PACKS if p.model == "base" and p.is_installed())
     data, config = read_pack(pack)
     ct2 = work / "ct2-base"
@@ -128,9 +137,35 @@ def wer(reference: str, hypothesis: str) -> float:
     return prev[-1] / max(len(ref), 1)
 
 
+def ferrum_command() -> list[str]:
+    """The venv's `ferrum`, else the one on PATH (a --target install), else the package as a module."""
+    found = shutil.which("ferrum", path=str(BIN)) or shutil.which("ferrum")
+    return [found] if found else [sys.executable, "-m", "ferrum_cli"]
+
+
+def faster_whisper_runs() -> str | None:
+    """Why faster-whisper cannot run on DEVICE, or None when it can."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return "faster-whisper is not installed (make bench installs it)"
+    if DEVICE.startswith("cuda") and ctranslate2.get_cuda_device_count() == 0:
+        return "this CTranslate2 build sees no CUDA device"
+    return None
+
+
+def gpu_name() -> str | None:
+    if DEVICE == "cpu":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else DEVICE
+
+
 def ferrum(inputs: list[str], work: Path, *extra: str) -> tuple[dict, float, int]:
     out = Path(tempfile.mkdtemp(dir=work))
-    cmd = [str(BIN / "ferrum"), "transcribe", *inputs, "--language", "en", "-o", str(out), "-q", *extra]
+    cmd = [*ferrum_command(), "transcribe", *inputs, "--language", "en", "--device", DEVICE, "-o", str(out), "-q"]
+    cmd += extra
     _, wall, rss = run_measured(cmd)
     texts = {i: (out / (Path(i).stem + ".txt")).read_text(encoding="utf-8") for i in inputs}
     return texts, wall, rss
@@ -145,6 +180,8 @@ def peer(system: str, model: str, inputs: list[str], *extra: str) -> tuple[dict,
         model,
         "--language",
         "en",
+        "--device",
+        DEVICE,
         *extra,
         *inputs,
     ]
@@ -161,8 +198,14 @@ def main() -> None:
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # a log keeps table rows whole
     work = Path(tempfile.mkdtemp(prefix="ferrum_bench_"))
-    audio, models = build_audio(work), build_models(work)
+    no_faster = faster_whisper_runs()
+    audio, models = build_audio(work), build_models(work, with_ct2=no_faster is None)
     rows: list[dict] = []
+    on_cpu = DEVICE == "cpu"
+    openai_name = "openai-whisper fp32" if on_cpu else "openai-whisper fp16"
+    faster_name = "faster-whisper int8" if on_cpu else "faster-whisper fp16"
+    if no_faster:
+        console.print(f"faster-whisper skipped: {no_faster}")
 
     def record(scenario, system, audio_s, runs, ref=None, note=""):
         """runs: (text, seconds, peak RSS bytes) of each run: the best time, the worst RSS, the mean WER."""
@@ -224,9 +267,15 @@ def main() -> None:
         lf_ref,
         [
             ("ferrum", whole, ferrum_run([lf])),
-            ("openai-whisper fp32", only, peer_run("openai", models["pt"], [lf])),
-            ("faster-whisper int8", only, peer_run("faster", models["ct2"], [lf])),
-            ("faster-whisper int8 batch 8", only, peer_run("faster", models["ct2"], [lf], "--batch", "8")),
+            (openai_name, only, peer_run("openai", models["pt"], [lf])),
+            *(
+                []
+                if no_faster
+                else [
+                    (faster_name, only, peer_run("faster", models["ct2"], [lf])),
+                    (faster_name + " batch 8", only, peer_run("faster", models["ct2"], [lf], "--batch", "8")),
+                ]
+            ),
         ],
         ROUNDS,
     )
@@ -240,8 +289,8 @@ def main() -> None:
         clip_ref,
         [
             ("ferrum", whole, ferrum_run(clips)),
-            ("openai-whisper fp32", only, peer_run("openai", models["pt"], clips)),
-            ("faster-whisper int8", only, peer_run("faster", models["ct2"], clips)),
+            (openai_name, only, peer_run("openai", models["pt"], clips)),
+            *([] if no_faster else [(faster_name, only, peer_run("faster", models["ct2"], clips))]),
         ],
         ROUNDS,
     )
@@ -254,7 +303,7 @@ def main() -> None:
         None,
         [
             ("ferrum", "whole process", ferrum_run([jfk])),
-            ("openai-whisper fp32", "whole process", peer_run("openai", models["pt"], [jfk], whole=True)),
+            (openai_name, "whole process", peer_run("openai", models["pt"], [jfk], whole=True)),
         ],
         3,
     )
@@ -264,18 +313,17 @@ def main() -> None:
 
     by = {(r["scenario"], r["system"]): r for r in rows}
     ours = by[("longform", "ferrum")]
+
+    def speedup(peer_name: str) -> float | None:
+        peer_row = by.get(("longform", peer_name))
+        return round(ours["x_realtime"] / peer_row["x_realtime"], 2) if peer_row else None
+
     ratios = {
         "longform x_realtime": ours["x_realtime"],
-        "longform vs openai-whisper": round(
-            ours["x_realtime"] / by[("longform", "openai-whisper fp32")]["x_realtime"], 2
-        ),
-        "longform vs faster-whisper int8": round(
-            ours["x_realtime"] / by[("longform", "faster-whisper int8")]["x_realtime"], 2
-        ),
-        "longform vs faster-whisper batched": round(
-            ours["x_realtime"] / by[("longform", "faster-whisper int8 batch 8")]["x_realtime"], 2
-        ),
-        "longform WER ferrum - openai": round(ours["wer"] - by[("longform", "openai-whisper fp32")]["wer"], 4),
+        "longform vs openai-whisper": speedup(openai_name),
+        "longform vs faster-whisper": speedup(faster_name),
+        "longform vs faster-whisper batched": speedup(faster_name + " batch 8"),
+        "longform WER ferrum - openai": round(ours["wer"] - by[("longform", openai_name)]["wer"], 4),
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
         "cold start seconds": by[("cold start", "ferrum")]["seconds"],
         "60 min peak RSS MB": by[("60 minutes", "ferrum")]["peak_rss_mb"],
@@ -291,7 +339,9 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
-    table = Table(title="ferrum bench (base, greedy, language given, CPU)")
+    if not on_cpu:
+        targets = {}  # the issue's targets are for the CPU
+    table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
     for col in ("scenario", "system", "x real time", "seconds", "WER", "peak RSS"):
         table.add_column(col, justify="right" if col not in ("scenario", "system") else "left")
     for r in rows:
@@ -308,6 +358,8 @@ def main() -> None:
     for col in ("figure", "value", "target", "met"):
         summary.add_column(col)
     for key, value in ratios.items():
+        if value is None:
+            continue
         op, bound = targets.get(key, ("", None))
         met = "" if bound is None else ("yes" if (value >= bound if op == ">=" else value <= bound) else "NO")
         summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
@@ -315,13 +367,18 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device": DEVICE,
+        "accelerator": gpu_name(),
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "rows": rows,
         "ratios": ratios,
     }
-    (RESULTS / "latest.json").write_text(json.dumps(doc, indent=1) + "\n")
-    console.print(f"written {RESULTS / 'latest.json'}")
+    if no_faster:
+        doc["faster_whisper_skipped"] = no_faster
+    target = RESULTS / ("latest.json" if on_cpu else "cuda.json")
+    target.write_text(json.dumps(doc, indent=1) + "\n")
+    console.print(f"written {target}")
 
 
 if __name__ == "__main__":
