@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ferrum_cli.decoding import StaticCacheInference
@@ -143,3 +144,64 @@ def test_best_of_n_sampling_decodes_each_window_of_a_batch(executor):
     assert "fellow" in short.text.lower() and "country" not in short.text.lower()
     assert "ask not what your country" in whole.text.lower()
     assert short.temperature == whole.temperature == 0.4
+
+
+x86_fbgemm = pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm's float16-weight products are x86's"
+)
+
+
+def small_model(float16_exact: bool):
+    """A two-layer Whisper with random weights; `float16_exact`: every weight a float16 value."""
+    from whisper.model import ModelDimensions
+
+    from ferrum_cli.model import FerrumWhisper
+
+    torch.manual_seed(0)
+    dims = ModelDimensions(80, 1500, 64, 2, 2, 51865, 448, 64, 2, 2)
+    model = FerrumWhisper(dims).eval()
+    if float16_exact:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.half().float())
+    return model
+
+
+@x86_fbgemm
+def test_float16_weight_products_are_taken_only_where_float16_holds_the_weights_and_rows_repay_packing():
+    from ferrum_cli.decoding import _half_weight_products
+
+    assert _half_weight_products(small_model(float16_exact=False), pack=True) is None  # no weight is rounded
+    model = small_model(float16_exact=True)
+    assert _half_weight_products(model, pack=False) is None  # a one-row batch does not pay for packing
+    products = _half_weight_products(model, pack=True)
+    assert products is not None
+    assert _half_weight_products(model, pack=False) is products  # once packed, every batch uses them
+
+    x = torch.randn(3, 2, 64)
+    torch.testing.assert_close(products.project(x), x @ model.decoder.token_embedding.weight.T, atol=1e-4, rtol=1e-5)
+    mlp = model.decoder.blocks[1].mlp
+    torch.testing.assert_close(products.mlp(1, x), mlp(x), atol=1e-4, rtol=1e-5)
+
+
+@x86_fbgemm
+@needs_corpus
+def test_a_batch_on_float16_weight_products_gives_openai_whisper_logits(executor):
+    """The pack's weights are float16, so the float32 decoder's products may read them as such."""
+    from whisper.audio import log_mel_spectrogram, pad_or_trim
+
+    from ferrum_cli.audio import decode_file
+
+    model = executor._model
+    mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 400, 370, 11, 452]]).repeat(4, 1)
+    with torch.no_grad():
+        features = model.encoder(mel).repeat(4, 1, 1)
+        expected = model.decoder(tokens, features)
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.float32)
+        first = inference.logits(tokens[:, :4], features)
+        steps = [inference.logits(tokens[:, : n + 1], features) for n in range(4, 8)]
+    assert inference.half_weights is not None
+    torch.testing.assert_close(first[:, 1], expected[:, 3], atol=1e-3, rtol=1e-4)
+    for n, step in zip(range(4, 8), steps):
+        torch.testing.assert_close(step[:, 0], expected[:, n], atol=1e-3, rtol=1e-4)
