@@ -12,7 +12,8 @@ benchmark, not a test: nothing here asserts a time.
 BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in float16, and
 faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
 issue's, so that run prints its ratios without them and writes bench/results/cuda.json.
-BENCH_CORPUS names the corpus folder where ../shared/corpus is not beside the checkout.
+BENCH_CORPUS names the corpus folder where ../shared/corpus is not beside the checkout, and
+BENCH_RESULTS the file to write.
 """
 
 from __future__ import annotations
@@ -152,6 +153,16 @@ def faster_whisper_runs() -> str | None:
     if DEVICE.startswith("cuda") and ctranslate2.get_cuda_device_count() == 0:
         return "this CTranslate2 build sees no CUDA device"
     return None
+
+
+def cpu_description() -> str:
+    """Model name and the widest vector unit torch uses: the same code runs 5x apart across these."""
+    import torch
+
+    from ferrum_cli.devices import cpu_has_native_bf16, cpu_name
+
+    bf16 = ", native bfloat16" if cpu_has_native_bf16() else ""
+    return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}{bf16})"
 
 
 def gpu_name() -> str | None:
@@ -370,13 +381,14 @@ def main() -> None:
         "device": DEVICE,
         "accelerator": gpu_name(),
         "machine": platform.processor() or platform.machine(),
+        "cpu": cpu_description(),
         "cpus": os.cpu_count(),
         "rows": rows,
         "ratios": ratios,
     }
     if no_faster:
         doc["faster_whisper_skipped"] = no_faster
-    target = RESULTS / ("latest.json" if on_cpu else "cuda.json")
+    target = Path(os.environ.get("BENCH_RESULTS") or RESULTS / ("latest.json" if on_cpu else "cuda.json"))
     target.write_text(json.dumps(doc, indent=1) + "\n")
     console.print(f"written {target}")
 
