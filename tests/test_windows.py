@@ -6,7 +6,7 @@ import numpy as np
 
 from ferrum_cli.audio import SAMPLE_RATE, decode_file
 from ferrum_cli.vad import VadOptions
-from ferrum_cli.windows import WINDOW, plan_windows
+from ferrum_cli.windows import WINDOW, plan_whole, plan_windows
 
 from .conftest import JFK, corpus, needs_corpus
 
@@ -25,6 +25,25 @@ def test_of_equally_deep_pauses_the_last_is_cut_so_windows_come_out_full():
     assert all(n >= 20 * SAMPLE_RATE for n in lengths[:-1]), [n / SAMPLE_RATE for n in lengths]
     for offset, _ in windows[1:]:  # every cut falls in a pause
         assert int(offset * SAMPLE_RATE) % period >= len(speech) - SAMPLE_RATE // 10
+
+
+@needs_corpus
+def test_an_input_that_fits_one_window_is_read_whole_as_openai_whisper_reads_it():
+    """Trimming the silence of an input under 30 s saves no encoder work, and the speech read
+    from its first sample matches openai-whisper's reading."""
+    speech = decode_file(corpus(JFK)).samples[: 5 * SAMPLE_RATE]
+    quiet = np.zeros(2 * SAMPLE_RATE, np.float32)
+    apart = np.zeros(12 * SAMPLE_RATE, np.float32)  # more than the 5 s that joins two regions
+    short = np.concatenate([quiet, speech, apart, speech, quiet])
+    longer = np.concatenate([quiet, speech, apart, speech, apart])
+    silent = np.zeros(20 * SAMPLE_RATE, np.float32)
+    (whole, core), (split, _), (nothing, _) = plan_whole([short, longer, silent], True, VadOptions())
+    assert [(offset, len(samples)) for offset, samples in whole] == [(0.0, len(short))]
+    assert core[0][0] >= 1.5 * SAMPLE_RATE  # the speech regions stay where the speech is
+    assert len(longer) > WINDOW and len(split) == 2 and split[0][0] > 1.0  # over 30 s: windows of speech
+    assert nothing == []  # no speech, no window
+    ((per_stretch, _),) = plan_whole([short], True, VadOptions(), merge=False)
+    assert len(per_stretch) == 2  # multilingual mode reads each stretch of speech apart
 
 
 @needs_corpus
