@@ -163,11 +163,13 @@ class StaticCacheInference:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
 
 
-def _derived(model, name: str, make: Callable[[], T]) -> T:
+def _derived(model, name: str, make: Callable[[], T], build: bool = True) -> T | None:
     """Something computed from the model's weights once and kept on the model, which outlives
-    the decoding tasks that use it (one task per batch)."""
+    the decoding tasks that use it (one task per batch). Without `build`, only what is kept."""
     kept = model.__dict__.setdefault("_ferrum_derived", {})
     if name not in kept:
+        if not build:
+            return None
         kept[name] = make()
     return kept[name]
 
@@ -225,7 +227,6 @@ def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
         ]
         return HalfWeightProducts(packed(decoder.token_embedding.weight), mlps)
 
-    name = "float16-weight products"
     weight = model.decoder.token_embedding.weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None
@@ -233,9 +234,7 @@ def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
         return None  # fbgemm is x86's; other CPUs keep the float32 products
     if not hasattr(torch.ops.quantized, "linear_prepack_fp16"):
         return None
-    if not pack and name not in model.__dict__.get("_ferrum_derived", {}):
-        return None
-    return _derived(model, name, make)
+    return _derived(model, "float16-weight products", make, build=pack)
 
 
 def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
