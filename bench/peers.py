@@ -1,4 +1,4 @@
-"""Run a peer system over audio files in this process and print JSON: texts and seconds.
+"""Run a peer system over audio files in this process and print JSON: texts, segments and seconds.
 
     python bench/peers.py openai  --model base.pt  --language en [--device cuda] a.wav b.wav
     python bench/peers.py faster  --model ct2_dir  --language en [--batch 8] a.wav
@@ -36,10 +36,12 @@ def run_openai(args) -> tuple[dict, float, float]:
     model.load_state_dict(checkpoint["model_state_dict"])
     model.to(args.device)  # as whisper.load_model does: float32 weights, float16 compute on a GPU
     loaded = time.perf_counter()
-    texts = {}
+    texts, segments = {}, {}
     for path in args.files:
-        texts[path] = model.transcribe(path, language=args.language, fp16=args.device != "cpu")["text"]
-    return texts, loaded - t0, time.perf_counter() - loaded
+        result = model.transcribe(path, language=args.language, fp16=args.device != "cpu")
+        texts[path] = result["text"]
+        segments[path] = [[s["start"], s["end"], s["text"]] for s in result["segments"]]
+    return texts, segments, loaded - t0, time.perf_counter() - loaded
 
 
 def run_faster(args) -> tuple[dict, float, float]:
@@ -51,11 +53,12 @@ def run_faster(args) -> tuple[dict, float, float]:
     engine = BatchedInferencePipeline(model) if args.batch else model
     loaded = time.perf_counter()
     extra = {"batch_size": args.batch} if args.batch else {}
-    texts = {}
+    texts, segments = {}, {}
     for path in args.files:
-        segments, _ = engine.transcribe(path, beam_size=1, language=args.language, **extra)
-        texts[path] = "".join(s.text for s in segments)
-    return texts, loaded - t0, time.perf_counter() - loaded
+        found, _ = engine.transcribe(path, beam_size=1, language=args.language, **extra)
+        segments[path] = [[s.start, s.end, s.text] for s in found]
+        texts[path] = "".join(text for _, _, text in segments[path])
+    return texts, segments, loaded - t0, time.perf_counter() - loaded
 
 
 def main() -> None:
@@ -68,8 +71,8 @@ def main() -> None:
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
     ffmpeg_on_path()
-    texts, load_s, run_s = (run_openai if args.system == "openai" else run_faster)(args)
-    json.dump({"texts": texts, "load_seconds": load_s, "seconds": run_s}, sys.stdout)
+    texts, segments, load_s, run_s = (run_openai if args.system == "openai" else run_faster)(args)
+    json.dump({"texts": texts, "segments": segments, "load_seconds": load_s, "seconds": run_s}, sys.stdout)
 
 
 if __name__ == "__main__":

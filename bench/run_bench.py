@@ -9,6 +9,11 @@ counts; WER is the mean over the runs (openai-whisper's fallback sampling is not
 its text changes from run to run). The figures go to bench/results/latest.json. A
 benchmark, not a test: nothing here asserts a time.
 
+On the longform the bench also counts, from each system's segment times, the copies of the
+clips that no segment covers (speech a system left out; the WER charges a left-out sentence
+its words, while a sentence read in another number format costs more), and the WER with every
+copy of the digit-string clip left out of both texts.
+
 BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in float16, and
 faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
 issue's, so that run prints its ratios without them and writes bench/results/cuda.json.
@@ -60,17 +65,24 @@ def build_audio(work: Path) -> dict:
     rows = english_rows()
     clips = [str(CORPUS / r["file"]) for r in rows]
     gap = np.zeros(SR, np.float32)
-    once = np.concatenate([x for c in clips for x in (decode_file(c).samples, gap)])
+    decoded = [decode_file(c).samples for c in clips]
+    once = np.concatenate([x for samples in decoded for x in (samples, gap)])
     six = np.tile(once, 6)
+    layout, start = [], 0.0  # (clip, start s, end s) of each copy in the longform
+    for _ in range(6):
+        for clip, samples in zip(clips, decoded):
+            layout.append((clip, start, start + len(samples) / SR))
+            start += (len(samples) + len(gap)) / SR
     write_wav(work / "longform_x6.wav", six)
     write_wav(work / "sixty_minutes.wav", np.tile(six, 6))
     return {
         "clips": clips,
         "clip_refs": {c: r["reference_transcript"] for c, r in zip(clips, rows)},
-        "clip_seconds": sum(len(decode_file(c).samples) for c in clips) / SR,
+        "clip_seconds": sum(len(samples) for samples in decoded) / SR,
         "longform": str(work / "longform_x6.wav"),
         "longform_ref": " ".join([r["reference_transcript"] for r in rows] * 6),
         "longform_seconds": len(six) / SR,
+        "longform_layout": layout,
         "sixty": str(work / "sixty_minutes.wav"),
         "sixty_seconds": len(six) * 6 / SR,
         "jfk": str(CORPUS / "en_jfk_inaugural_1961.flac"),
@@ -138,6 +150,83 @@ def wer(reference: str, hypothesis: str) -> float:
     return prev[-1] / max(len(ref), 1)
 
 
+DIGIT_CLIP = "en_digits_"  # spoken digits: each system writes them in its own format, which the WER scores
+
+
+def _overlap(start: float, end: float, other_start: float, other_end: float) -> float:
+    return max(0.0, min(end, other_end) - max(start, other_start))
+
+
+def matched_words(reference: list[str], hypothesis: list[str]) -> list[bool]:
+    """For each reference word, whether a least-edits alignment pairs it with the same word."""
+    cols = len(hypothesis) + 1
+    prev = list(range(cols))
+    moves = []  # per reference word: 0 match or substitution, 1 deletion, 2 insertion, per column
+    for r in reference:
+        cur, move = [prev[0] + 1], bytearray(cols)
+        move[0] = 1
+        for j, h in enumerate(hypothesis, 1):
+            best, how = prev[j - 1] + (r != h), 0
+            if prev[j] + 1 < best:
+                best, how = prev[j] + 1, 1
+            if cur[j - 1] + 1 < best:
+                best, how = cur[j - 1] + 1, 2
+            cur.append(best)
+            move[j] = how
+        moves.append(move)
+        prev = cur
+    found = [False] * len(reference)
+    i, j = len(reference), len(hypothesis)
+    while i > 0:
+        how = moves[i - 1][j] if j > 0 else 1
+        if how == 0:
+            found[i - 1] = reference[i - 1] == hypothesis[j - 1]
+            i, j = i - 1, j - 1
+        elif how == 1:
+            i -= 1
+        else:
+            j -= 1
+    return found
+
+
+def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: list) -> list[str]:
+    """The copies of clips in the longform that a system left out: fewer than a quarter of a
+    copy's reference words found in its text, in order (a misread sentence keeps more). The
+    digit-string clip, whose words no system writes as its reference does, is left out when no
+    segment covers half a second of it."""
+    from whisper.normalizers import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    words, owner = [], []
+    for k, (clip, _, _) in enumerate(layout):
+        clip_words = norm(refs[clip]).split()
+        words += clip_words
+        owner += [k] * len(clip_words)
+    found = matched_words(words, norm(" ".join(text for _, _, text in segments)).split())
+    missed = []
+    for k, (clip, start, end) in enumerate(layout):
+        if DIGIT_CLIP in clip:
+            left_out = not any(_overlap(start, end, s, e) >= min(0.5, (end - start) / 2) for s, e, _ in segments)
+        else:
+            hits = [f for f, o in zip(found, owner) if o == k]
+            left_out = sum(hits) < len(hits) / 4
+        if left_out:
+            missed.append(f"{Path(clip).stem} at {start:.0f} s")
+    return missed
+
+
+def without_clip(
+    layout: list[tuple[str, float, float]], refs: dict, segments: list, name: str
+) -> tuple[str, str]:
+    """Reference and hypothesis with every copy of the clip `name` left out: the hypothesis
+    drops the segments that lie mostly inside one of those copies."""
+    spans = [(s, e) for clip, s, e in layout if name in clip]
+    reference = " ".join(refs[clip] for clip, _, _ in layout if name not in clip)
+    kept = [t for s, e, t in segments if sum(_overlap(s, e, a, b) for a, b in spans) <= (e - s) / 2]
+    return reference, " ".join(kept)
+
+
+
 def ferrum_command() -> list[str]:
     """The venv's `ferrum`, else the one on PATH (a --target install), else the package as a module."""
     found = shutil.which("ferrum", path=str(BIN)) or shutil.which("ferrum")
@@ -173,16 +262,20 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else DEVICE
 
 
-def ferrum(inputs: list[str], work: Path, *extra: str) -> tuple[dict, float, int]:
+def ferrum(inputs: list[str], work: Path, *extra: str) -> tuple[dict, dict, float, int]:
     out = Path(tempfile.mkdtemp(dir=work))
     cmd = [*ferrum_command(), "transcribe", *inputs, "--language", "en", "--device", DEVICE, "-o", str(out), "-q"]
-    cmd += extra
+    cmd += ["-f", "txt", "-f", "json", *extra]
     _, wall, rss = run_measured(cmd)
     texts = {i: (out / (Path(i).stem + ".txt")).read_text(encoding="utf-8") for i in inputs}
-    return texts, wall, rss
+    segments = {}
+    for i in inputs:
+        doc = json.loads((out / (Path(i).stem + ".json")).read_text(encoding="utf-8"))
+        segments[i] = [[s["start"], s["end"], s["text"]] for s in doc["segments"]]
+    return texts, segments, wall, rss
 
 
-def peer(system: str, model: str, inputs: list[str], *extra: str) -> tuple[dict, float, int, float]:
+def peer(system: str, model: str, inputs: list[str], *extra: str) -> tuple[dict, dict, float, int, float]:
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "peers.py"),
@@ -198,7 +291,7 @@ def peer(system: str, model: str, inputs: list[str], *extra: str) -> tuple[dict,
     ]
     out, wall, rss = run_measured(cmd)
     doc = json.loads(out)
-    return doc["texts"], doc["seconds"], rss, wall
+    return doc["texts"], doc["segments"], doc["seconds"], rss, wall
 
 
 def main() -> None:
@@ -219,7 +312,8 @@ def main() -> None:
         console.print(f"faster-whisper skipped: {no_faster}")
 
     def record(scenario, system, audio_s, runs, ref=None, note=""):
-        """runs: (text, seconds, peak RSS bytes) of each run: the best time, the worst RSS, the mean WER."""
+        """runs: (text, seconds, peak RSS bytes, segments of a single input) of each run: the best
+        time, the worst RSS, the mean WER; on the longform, what each run left out."""
         seconds = min(r[1] for r in runs)
         wers = [wer(ref, r[0]) for r in runs] if ref else []
         row = {
@@ -235,11 +329,17 @@ def main() -> None:
             "wer_each": [round(w, 4) for w in wers],
             "note": note,
         }
+        if scenario == "longform":
+            layout = audio["longform_layout"]
+            row["clips_missed_each"] = [clips_missed(layout, audio["clip_refs"], r[3]) for r in runs]
+            row["clips_missed"] = max(len(m) for m in row["clips_missed_each"])
+            cut = [without_clip(layout, audio["clip_refs"], r[3], DIGIT_CLIP) for r in runs]
+            row["wer_without_digit_clip"] = round(sum(wer(a, b) for a, b in cut) / len(cut), 4)
         rows.append(row)
         console.print(
             f"  {scenario:<12} {system:<28} {row['x_realtime']:>6}x  {row['seconds']:>7.2f} s  "
             f"WER {row['wer'] if row['wer'] is not None else '-'}  RSS {row['peak_rss_mb']} MB  "
-            f"runs {row['seconds_each']}"
+            f"runs {row['seconds_each']}" + (f"  missed {row['clips_missed_each']}" if "clips_missed" in row else "")
         )
 
     def rounds(scenario, audio_s, ref, systems, count):
@@ -257,15 +357,15 @@ def main() -> None:
 
     def ferrum_run(inputs):
         def run():
-            texts, wall, rss = ferrum(inputs, work)
-            return in_order(texts, inputs), wall, rss
+            texts, segments, wall, rss = ferrum(inputs, work)
+            return in_order(texts, inputs), wall, rss, segments[inputs[0]]
 
         return run
 
     def peer_run(system, model, inputs, *extra, whole=False):
         def run():
-            texts, secs, rss, wall = peer(system, model, inputs, *extra)
-            return in_order(texts, inputs), wall if whole else secs, rss
+            texts, segments, secs, rss, wall = peer(system, model, inputs, *extra)
+            return in_order(texts, inputs), wall if whole else secs, rss, segments[inputs[0]]
 
         return run
 
@@ -335,6 +435,10 @@ def main() -> None:
         "longform vs faster-whisper": speedup(faster_name),
         "longform vs faster-whisper batched": speedup(faster_name + " batch 8"),
         "longform WER ferrum - openai": round(ours["wer"] - by[("longform", openai_name)]["wer"], 4),
+        "longform WER without the digit clip, ferrum - openai": round(
+            ours["wer_without_digit_clip"] - by[("longform", openai_name)]["wer_without_digit_clip"], 4
+        ),
+        "longform clip copies missed by ferrum": ours["clips_missed"],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
         "cold start seconds": by[("cold start", "ferrum")]["seconds"],
         "60 min peak RSS MB": by[("60 minutes", "ferrum")]["peak_rss_mb"],
@@ -345,6 +449,7 @@ def main() -> None:
         "longform vs openai-whisper": (">=", 4.5),
         "longform vs faster-whisper batched": (">=", 1.25),
         "longform WER ferrum - openai": ("<=", 0.0),
+        "longform clip copies missed by ferrum": ("<=", 0),
         "12 clips x_realtime": (">=", 15),
         "cold start seconds": ("<=", 2.5),
         "60 min peak RSS MB": ("<=", 1536),
@@ -353,7 +458,7 @@ def main() -> None:
     if not on_cpu:
         targets = {}  # the issue's targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
-    for col in ("scenario", "system", "x real time", "seconds", "WER", "peak RSS"):
+    for col in ("scenario", "system", "x real time", "seconds", "WER", "WER w/o digits", "missed", "peak RSS"):
         table.add_column(col, justify="right" if col not in ("scenario", "system") else "left")
     for r in rows:
         table.add_row(
@@ -362,6 +467,8 @@ def main() -> None:
             f"{r['x_realtime']}x",
             f"{r['seconds']:.2f}",
             "-" if r["wer"] is None else f"{r['wer'] * 100:.1f}%",
+            f"{r['wer_without_digit_clip'] * 100:.1f}%" if "wer_without_digit_clip" in r else "-",
+            str(r["clips_missed"]) if "clips_missed" in r else "-",
             f"{r['peak_rss_mb']} MB",
         )
     console.print(table)
