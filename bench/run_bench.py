@@ -215,16 +215,13 @@ def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: l
     return missed
 
 
-def without_clip(
-    layout: list[tuple[str, float, float]], refs: dict, segments: list, name: str
-) -> tuple[str, str]:
+def without_clip(layout: list[tuple[str, float, float]], refs: dict, segments: list, name: str) -> tuple[str, str]:
     """Reference and hypothesis with every copy of the clip `name` left out: the hypothesis
     drops the segments that lie mostly inside one of those copies."""
     spans = [(s, e) for clip, s, e in layout if name in clip]
     reference = " ".join(refs[clip] for clip, _, _ in layout if name not in clip)
     kept = [t for s, e, t in segments if sum(_overlap(s, e, a, b) for a, b in spans) <= (e - s) / 2]
     return reference, " ".join(kept)
-
 
 
 def ferrum_command() -> list[str]:
