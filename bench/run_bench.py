@@ -9,10 +9,9 @@ counts; WER is the mean over the runs (openai-whisper's fallback sampling is not
 its text changes from run to run). The figures go to bench/results/latest.json. A
 benchmark, not a test: nothing here asserts a time.
 
-On the longform the bench also counts, from each system's segment times, the copies of the
-clips that no segment covers (speech a system left out; the WER charges a left-out sentence
-its words, while a sentence read in another number format costs more), and the WER with every
-copy of the digit-string clip left out of both texts.
+On the longform the bench also counts the copies of the clips that each system left out (see
+clips_missed), and the WER with every copy of the digit-string clip taken out of both texts: the
+WER charges a left-out sentence its words, but a digit string read in another format more.
 
 BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in float16, and
 faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
