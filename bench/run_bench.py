@@ -135,32 +135,12 @@ def run_measured(cmd: list[str]) -> tuple[str, float, int]:
     return b"".join(out_chunks).decode(), wall, usage.ru_maxrss * 1024
 
 
-def wer(reference: str, hypothesis: str) -> float:
-    from whisper.normalizers import EnglishTextNormalizer
-
-    norm = EnglishTextNormalizer()
-    ref, hyp = norm(reference).split(), norm(hypothesis).split()
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1] / max(len(ref), 1)
-
-
-DIGIT_CLIP = "en_digits_"  # spoken digits: each system writes them in its own format, which the WER scores
-
-
-def _overlap(start: float, end: float, other_start: float, other_end: float) -> float:
-    return max(0.0, min(end, other_end) - max(start, other_start))
-
-
-def matched_words(reference: list[str], hypothesis: list[str]) -> list[bool]:
-    """For each reference word, whether a least-edits alignment pairs it with the same word."""
+def aligned(reference: list[str], hypothesis: list[str]) -> tuple[int, list[bool]]:
+    """Word edits between the two, and for each reference word whether a least-edits alignment
+    pairs it with the same word."""
     cols = len(hypothesis) + 1
     prev = list(range(cols))
-    moves = []  # per reference word: 0 match or substitution, 1 deletion, 2 insertion, per column
+    moves = []  # per reference word and column: 0 match or substitution, 1 deletion, 2 insertion
     for r in reference:
         cur, move = [prev[0] + 1], bytearray(cols)
         move[0] = 1
@@ -185,7 +165,22 @@ def matched_words(reference: list[str], hypothesis: list[str]) -> list[bool]:
             i -= 1
         else:
             j -= 1
-    return found
+    return prev[-1], found
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    from whisper.normalizers import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    ref = norm(reference).split()
+    return aligned(ref, norm(hypothesis).split())[0] / max(len(ref), 1)
+
+
+DIGIT_CLIP = "en_digits_"  # spoken digits: each system writes them in its own format, which the WER scores
+
+
+def _overlap(start: float, end: float, other_start: float, other_end: float) -> float:
+    return max(0.0, min(end, other_end) - max(start, other_start))
 
 
 def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: list) -> list[str]:
@@ -201,7 +196,7 @@ def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: l
         clip_words = norm(refs[clip]).split()
         words += clip_words
         owner += [k] * len(clip_words)
-    found = matched_words(words, norm(" ".join(text for _, _, text in segments)).split())
+    _, found = aligned(words, norm(" ".join(text for _, _, text in segments)).split())
     missed = []
     for k, (clip, start, end) in enumerate(layout):
         if DIGIT_CLIP in clip:
