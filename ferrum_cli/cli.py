@@ -179,7 +179,7 @@ def transcribe(
     vad_min_silence_ms: Annotated[int, typer.Option(help="VAD: silence needed to end speech.", min=0)] = 2000,
     vad_speech_pad_ms: Annotated[int, typer.Option(help="VAD: padding kept on each side of speech.", min=0)] = 400,
     compute: Annotated[
-        str, typer.Option(help="Batched engine: auto (bfloat16 where the CPU runs it natively) or float32.")
+        str, typer.Option(help="Batched engine: auto (bfloat16 where the CPU runs it faster) or float32.")
     ] = "auto",
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")

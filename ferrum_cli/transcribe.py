@@ -47,7 +47,7 @@ class TranscribeOptions:
     vad_options: VadOptions = field(default_factory=VadOptions)
     multilingual: bool = False  # detect the language of each window, not once per file
     hotwords: str | None = None
-    compute: str = "auto"  # batched engine: "auto" (bfloat16 where the CPU runs it natively), "float32"
+    compute: str = "auto"  # batched engine: "auto" (bfloat16 where the CPU runs it faster), "float32"
 
     @property
     def runs_sequentially(self) -> bool:
@@ -124,13 +124,13 @@ class Transcription:
 
 
 def compute_dtype(model, options: TranscribeOptions) -> torch.dtype:
-    """The dtype the batched engine computes in: bfloat16 autocast on CPUs with native bfloat16."""
+    """The dtype the batched engine computes in: bfloat16 autocast on CPUs where it is measured faster."""
     import torch
 
-    from .devices import cpu_has_native_bf16
+    from .devices import cpu_bf16_faster
 
     weights = next(model.parameters()).dtype
-    if options.compute == "auto" and model.device.type == "cpu" and weights == torch.float32 and cpu_has_native_bf16():
+    if options.compute == "auto" and model.device.type == "cpu" and weights == torch.float32 and cpu_bf16_faster():
         return torch.bfloat16
     return weights
 

@@ -217,6 +217,8 @@ def test_status_as_table_and_json():
     assert doc["ffmpeg"]["source"] in ("PATH", "imageio-ffmpeg", "FERRUM_FFMPEG") and doc["ffmpeg"]["path"]
     assert doc["devices"][0]["device"] == "cpu" and doc["devices"][0]["memory_bytes"] > 0
     assert doc["default_device"] == "cpu" and doc["default_dtype"] == "float32"
+    bf16 = doc["cpu_bfloat16"]  # bfloat16 is used only where the CPU has it and it measured faster
+    assert bf16["measured_faster"] is False or bf16["instructions"] is True
     assert doc["default_model_ready_offline"] is True
     assert any(p["model"] == "base" for p in doc["installed_packs"])
 
