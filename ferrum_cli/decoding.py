@@ -9,9 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -26,7 +23,7 @@ from whisper.decoding import (
     SuppressBlank,
 )
 
-T = TypeVar("T")
+from .model import derived
 
 
 class PositionalInference(PyTorchInference):
@@ -163,23 +160,12 @@ class StaticCacheInference:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
 
 
-def _derived(model, name: str, make: Callable[[], T], build: bool = True) -> T | None:
-    """Something computed from the model's weights once and kept on the model, which outlives
-    the decoding tasks that use it (one task per batch). Without `build`, only what is kept."""
-    kept = model.__dict__.setdefault("_ferrum_derived", {})
-    if name not in kept:
-        if not build:
-            return None
-        kept[name] = make()
-    return kept[name]
-
-
 def _projection(model, dtype: torch.dtype) -> Tensor:
     """The token embedding as the output projection, in dtype."""
     weight = model.decoder.token_embedding.weight
     if weight.dtype == dtype:
         return weight
-    return _derived(model, f"projection {dtype}", lambda: weight.detach().to(dtype))
+    return derived(model, f"projection {dtype}", lambda: weight.detach().to(dtype))
 
 
 class HalfWeightProducts:
@@ -234,7 +220,7 @@ def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
         return None  # fbgemm is x86's; other CPUs keep the float32 products
     if not hasattr(torch.ops.quantized, "linear_prepack_fp16"):
         return None
-    return _derived(model, "float16-weight products", make, build=pack)
+    return derived(model, "float16-weight products", make, build=pack)
 
 
 def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -252,7 +238,7 @@ def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
             folded.append((key, value, bias))
         return folded
 
-    return _derived(model, "folded cross-attention", fold)
+    return derived(model, "folded cross-attention", fold)
 
 
 class BlankSuppression(SuppressBlank):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -11,6 +12,8 @@ from whisper.model import ModelDimensions, TextDecoder, Whisper
 
 from .checkpoints import Weights
 from .errors import ModelIntegrityError
+
+T = TypeVar("T")
 
 
 class PositionalTextDecoder(TextDecoder):
@@ -51,6 +54,17 @@ class FerrumWhisper(Whisper):
         from .decoding import decode
 
         return decode(self, mel, options, **kwargs)
+
+
+def derived(model, name: str, make: Callable[[], T], build: bool = True) -> T | None:
+    """Something computed from the model's weights once and kept on the model, which outlives
+    the decoding tasks and batches that use it. Without `build`, only what is kept."""
+    kept = model.__dict__.setdefault("_ferrum_derived", {})
+    if name not in kept:
+        if not build:
+            return None
+        kept[name] = make()
+    return kept[name]
 
 
 @contextmanager
