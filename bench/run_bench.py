@@ -239,12 +239,10 @@ def cpu_description() -> str:
     """Model name and the widest vector unit torch uses: the same code runs 5x apart across these."""
     import torch
 
-    from ferrum_cli.devices import cpu_bf16_faster, cpu_has_native_bf16, cpu_name
+    from ferrum_cli.devices import cpu_auto_compute, cpu_has_native_bf16, cpu_name
 
-    bf16 = ""
-    if cpu_has_native_bf16():
-        bf16 = ", bfloat16 faster than float32" if cpu_bf16_faster() else ", bfloat16 slower than float32"
-    return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}{bf16})"
+    bf16 = ", bfloat16 instructions" if cpu_has_native_bf16() else ""
+    return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}{bf16}; ferrum computes in {cpu_auto_compute()})"
 
 
 def gpu_name() -> str | None:

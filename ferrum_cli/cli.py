@@ -179,7 +179,10 @@ def transcribe(
     vad_min_silence_ms: Annotated[int, typer.Option(help="VAD: silence needed to end speech.", min=0)] = 2000,
     vad_speech_pad_ms: Annotated[int, typer.Option(help="VAD: padding kept on each side of speech.", min=0)] = 400,
     compute: Annotated[
-        str, typer.Option(help="Batched engine: auto (bfloat16 where the CPU runs it faster) or float32.")
+        str,
+        typer.Option(
+            help="Encoder on CPU: auto (bfloat16 where measured faster, else float32), float32, bfloat16 or int8."
+        ),
     ] = "auto",
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's exact sequential algorithm instead of the batched engine.")
@@ -193,6 +196,7 @@ def transcribe(
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from .cache import start_verifying
+    from .devices import check_compute
 
     start_verifying(model)  # on another thread, while the model loads
     from .batch import BatchEvents, BatchSummary, is_complete, outputs_for, run_batch, start_decoding
@@ -203,8 +207,7 @@ def transcribe(
 
     if task not in ("transcribe", "translate"):
         _fail(UsageError(f"unknown task {task!r}; choose transcribe or translate"))
-    if compute not in ("auto", "float32"):
-        _fail(UsageError(f"unknown compute {compute!r}; choose auto or float32"))
+    _run(check_compute, compute)
     formats = _run(parse_formats, output_format)
     if not inputs:
         if sys.stdin.isatty():

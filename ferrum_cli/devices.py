@@ -103,7 +103,7 @@ def torch_dtype(dtype: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             line = next((line for line in fh if line.startswith("flags")), "")
@@ -114,45 +114,60 @@ def _cpu_flags() -> set[str]:
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: the CPU has bfloat16 instructions (which alone does not make them faster)."""
-    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-BF16_SPEEDUP_NEEDED = 1.25  # bfloat16 rounds the encoder's products: worth it only when clearly faster
+CPU_COMPUTES = ("float32", "bfloat16", "int8")
+SPEEDUP_NEEDED = 1.1  # bfloat16 rounds the encoder's products: worth it only when faster
 
 
-def cpu_bf16_faster() -> bool:
-    """Whether bfloat16 matrix products run clearly faster than float32 on this CPU.
+def check_compute(compute: str) -> None:
+    """`--compute` names what the batched engine's encoder computes in on a CPU."""
+    if compute not in ("auto", *CPU_COMPUTES):
+        raise DeviceError(f"unknown compute {compute!r}; choose auto, {', '.join(CPU_COMPUTES)}")
+    if compute == "int8":
+        from .quantize import int8_available
+
+        if not int8_available():
+            raise DeviceError("int8 needs torch's fbgemm engine (x86 CPUs); use auto, float32 or bfloat16")
+
+
+def cpu_auto_compute() -> str:
+    """What `--compute auto` runs the batched engine's encoder in on this CPU: float32 or bfloat16.
 
     The flags do not settle it. With AMX (and on AMD's Zen 4) base's encoder runs 1.5-3x faster
     in bfloat16; on an Intel Xeon with AVX512-BF16 but no AMX it runs slower (0.60 s a window
-    against 0.37 s in float32). So it is measured, once per CPU, torch version and thread count.
+    against 0.37 s in float32). So it is measured, once per CPU, torch version and thread count,
+    and remembered. int8 is never automatic: it changes words on the corpus (see quantize.py).
     """
     if not cpu_has_native_bf16():
-        return False
+        return "float32"
     import hashlib
 
     import torch
 
     from .cache import remembered
 
-    machine = f"{cpu_name()}|{sorted(_cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
+    machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
     key = hashlib.sha256(machine.encode()).hexdigest()[:16]
-    return remembered(f"cpu-bf16-faster-{key}", _bf16_clearly_faster) is True
+    return "bfloat16" if remembered(f"cpu-bfloat16-faster-{key}", _bfloat16_measured_faster) is True else "float32"
 
 
-def _bf16_clearly_faster() -> bool:
-    """An encoder-shaped product (1500 x 512 by 512 x 2048) in each dtype, best of interleaved rounds."""
+def _bfloat16_measured_faster() -> bool:
+    """One encoder block of base (1500 frames, width 512) in float32 and in bfloat16 autocast,
+    best of interleaved rounds (a slow spell hits both)."""
     import time
 
     import torch
+    from whisper.model import ResidualAttentionBlock
 
-    x, w = torch.randn(1500, 512), torch.randn(2048, 512)
-    best: dict[torch.dtype, float] = {}
-    for dtype in (torch.float32, torch.bfloat16) * 3:  # interleaved: a slow spell hits both
-        a, b = x.to(dtype), w.to(dtype)
-        torch.nn.functional.linear(a, b)
-        start = time.perf_counter()
-        for _ in range(2):
-            torch.nn.functional.linear(a, b)
-        best[dtype] = min(best.get(dtype, float("inf")), time.perf_counter() - start)
-    return best[torch.float32] > BF16_SPEEDUP_NEEDED * best[torch.bfloat16]
+    block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
+    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    with torch.no_grad():
+        for _ in range(3):
+            for dtype in best:
+                start = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                    block(x)
+                best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] > SPEEDUP_NEEDED * best[torch.bfloat16]

@@ -40,7 +40,7 @@ def machine_status() -> dict:
 
     from . import cache
     from .audio import ffmpeg_version, find_ffmpeg
-    from .devices import choose, cpu_bf16_faster, cpu_has_native_bf16, describe_devices
+    from .devices import choose, cpu_auto_compute, cpu_has_native_bf16, describe_devices
     from .packs import installed_packs
     from .resolve import DEFAULT_MODEL
 
@@ -68,10 +68,8 @@ def machine_status() -> dict:
         "default_device": placement.device,
         "default_dtype": placement.dtype,
         "torch_threads": torch.get_num_threads(),
-        "cpu_bfloat16": {  # the batched engine's `--compute auto` on this CPU, and why
-            "instructions": cpu_has_native_bf16(),
-            "measured_faster": cpu_bf16_faster(),
-        },
+        "cpu_bfloat16_instructions": cpu_has_native_bf16(),
+        "cpu_compute": cpu_auto_compute(),  # what `--compute auto` runs the encoder in on this CPU
         "cache_dir": str(cache.cache_dir()),
         "cached_models": cache.list_cached(),
         "installed_packs": [

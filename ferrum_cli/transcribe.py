@@ -47,7 +47,7 @@ class TranscribeOptions:
     vad_options: VadOptions = field(default_factory=VadOptions)
     multilingual: bool = False  # detect the language of each window, not once per file
     hotwords: str | None = None
-    compute: str = "auto"  # batched engine: "auto" (bfloat16 where the CPU runs it faster), "float32"
+    compute: str = "auto"  # batched engine on CPU: "auto" (float32 or bfloat16), "float32", "bfloat16", "int8"
 
     @property
     def runs_sequentially(self) -> bool:
@@ -123,16 +123,27 @@ class Transcription:
         }
 
 
-def compute_dtype(model, options: TranscribeOptions) -> torch.dtype:
-    """The dtype the batched engine computes in: bfloat16 autocast on CPUs where it is measured faster."""
+@dataclass(frozen=True)
+class Compute:
+    """How the batched engine computes: the encoder's products, and the dtype of the decoder's
+    cross-attention cache and vocabulary projection."""
+
+    encoder: str  # "int8", "bfloat16" (autocast) or the model's own dtype
+    cache_dtype: torch.dtype
+
+
+def plan_compute(model, options: TranscribeOptions) -> Compute:
+    """`--compute` on a float32 model on a CPU (auto: see devices.cpu_auto_compute); GPUs and
+    half-precision models compute in the model's dtype."""
     import torch
 
-    from .devices import cpu_bf16_faster
+    from .devices import cpu_auto_compute
 
     weights = next(model.parameters()).dtype
-    if options.compute == "auto" and model.device.type == "cpu" and weights == torch.float32 and cpu_bf16_faster():
-        return torch.bfloat16
-    return weights
+    if model.device.type != "cpu" or weights != torch.float32:
+        return Compute(str(weights).removeprefix("torch."), weights)
+    choice = cpu_auto_compute() if options.compute == "auto" else options.compute
+    return Compute(choice, torch.bfloat16 if choice == "bfloat16" else weights)
 
 
 def get_tokenizer(multilingual: bool, *, num_languages: int = 99, language: str | None = None, task: str | None = None):
@@ -156,13 +167,20 @@ def get_tokenizer(multilingual: bool, *, num_languages: int = 99, language: str 
 ENCODER_BATCH = 4  # windows per encoder pass: more buys no speed on a CPU, only activation memory
 
 
-def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Log-mel of each window, padded to 30 s, through the encoder (autocast to dtype)."""
+def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:
+    """Log-mel of each window, padded to 30 s, through the encoder: int8 products, autocast to
+    bfloat16, or (None) the model's own dtype."""
     import torch
     from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
     weights = next(model.parameters()).dtype
-    dtype = dtype or weights
+    encoder, dtype = model.encoder, weights
+    if compute == "int8":
+        from .quantize import int8_encoder
+
+        encoder = int8_encoder(model)
+    elif compute is not None:
+        dtype = getattr(torch, compute)
     step = ENCODER_BATCH if model.device.type == "cpu" else len(windows)
     out = []
     for i in range(0, len(windows), max(step, 1)):
@@ -172,7 +190,7 @@ def encode_windows(model, windows: list[np.ndarray], dtype: torch.dtype | None =
         ]
         mel = torch.stack(mels).to(model.device, weights)
         with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype != weights):
-            out.append(model.encoder(mel).to(weights))
+            out.append(encoder(mel).to(weights))
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
@@ -354,7 +372,7 @@ def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOp
     windows = plan_windows(chunks, options.vad, options.vad_options)
     first = [w for _, w in itertools.islice(windows, options.batch_size)]
     chosen = [first[i] for i in language_windows(first)]
-    features = encode_windows(model, chosen, compute_dtype(model, options)) if chosen else torch.zeros(0)
+    features = encode_windows(model, chosen, plan_compute(model, options).encoder) if chosen else torch.zeros(0)
     tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
     return detect_language(model, features, tokenizer)
 
@@ -474,7 +492,7 @@ def transcribe_stream(
 
     if not model.is_multilingual:  # as openai-whisper: an English-only model is told its language
         options = replace(options, language="en", multilingual=False)
-    dtype = compute_dtype(model, options)
+    compute = plan_compute(model, options)
     size = options.batch_size
     per_window = options.multilingual and options.language is None
     opts = replace(options, language=options.language if not per_window else None)
@@ -536,7 +554,7 @@ def transcribe_stream(
         except FerrumError as exc:
             file.error, file.reading = exc, False
             return file
-        features = encode_windows(model, [w for _, w in first], dtype) if first else None
+        features = encode_windows(model, [w for _, w in first], compute.encoder) if first else None
         if options.language is not None:
             file.language, file.probability = options.language, 1.0
         elif features is not None:
@@ -590,7 +608,7 @@ def transcribe_stream(
                 return
             continue
         batch, queue[:] = queue[:size], queue[size:]
-        found, tails = _decode_windows(model, batch, opts, prompt, dtype, tokenizer, per_window)
+        found, tails = _decode_windows(model, batch, opts, prompt, compute, tokenizer, per_window)
         queue[:0] = tails  # tails go first into the next batch
         for window in batch:
             window.file.pending -= 1
@@ -620,7 +638,7 @@ def release_freed_memory() -> None:
 
 
 def _decode_windows(
-    model, batch: list[_Window], opts: TranscribeOptions, prompt, dtype, tokenizer, per_window: bool
+    model, batch: list[_Window], opts: TranscribeOptions, prompt, compute: Compute, tokenizer, per_window: bool
 ) -> tuple[list[tuple[Segment, _File]], list[_Window]]:
     """Decode a batch of windows: their segments, and the unfinished tails to decode next,
     like openai-whisper's seek."""
@@ -628,7 +646,7 @@ def _decode_windows(
 
     missing = [w for w in batch if w.features is None]
     if missing:
-        encoded = encode_windows(model, [w.samples for w in missing], dtype)
+        encoded = encode_windows(model, [w.samples for w in missing], compute.encoder)
         for i, window in enumerate(missing):
             window.features = encoded[i : i + 1]
     features = torch.cat([w.features for w in batch])
@@ -637,7 +655,9 @@ def _decode_windows(
     unfinished = None
     if opts.vad:
         unfinished = torch.from_numpy(np.stack([_speech_after_stamps(w) for w in batch])).to(features.device)
-    results = _decode_batch(model, features, opts, prompt, dtype, tokenizer, languages, tail_rows, unfinished)
+    results = _decode_batch(
+        model, features, opts, prompt, compute.cache_dtype, tokenizer, languages, tail_rows, unfinished
+    )
     found: list[tuple[Segment, _File]] = []
     tails: list[_Window] = []
     for window, result in zip(batch, results):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ferrum_cli.quantize import int8_available
+
 from .conftest import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
 
 pytestmark = needs_corpus
@@ -49,11 +51,13 @@ def test_single_file_prints_its_text():
         ["--beam-size", "3", "--patience", "2"],
         ["--dtype", "bfloat16"],
         ["--dtype", "float16"],
+        ["--compute", "bfloat16"],
+        pytest.param(["--compute", "int8"], marks=pytest.mark.skipif(not int8_available(), reason="x86 only")),
     ],
     ids=" ".join,
 )
 def test_decoding_options_that_take_paths_of_their_own(options):
-    """Best-of-n sampling, beam search, and weights in half precision on the CPU."""
+    """Best-of-n sampling, beam search, weights in half precision and the encoder's computes on the CPU."""
     proc = run_ferrum("transcribe", str(corpus(JFK)), "--language", "en", *options)
     assert proc.returncode == 0, proc.stderr
     assert "ask not what your country can do for you" in words(proc.stdout)
@@ -196,6 +200,7 @@ def test_bad_option_values_exit_2():
     assert run_ferrum("transcribe", str(SAMPLE), "-f", "docx").returncode == 2
     assert run_ferrum("transcribe", str(SAMPLE), "--task", "dance").returncode == 2
     assert run_ferrum("transcribe", str(SAMPLE), "--language", "klingon").returncode == 2
+    assert run_ferrum("transcribe", str(SAMPLE), "--compute", "fp8").returncode == 2
     proc = run_ferrum("transcribe", str(SAMPLE), "--device", "cuda:7")
     assert proc.returncode == 2 and "available: cpu" in proc.stderr
 
@@ -217,8 +222,8 @@ def test_status_as_table_and_json():
     assert doc["ffmpeg"]["source"] in ("PATH", "imageio-ffmpeg", "FERRUM_FFMPEG") and doc["ffmpeg"]["path"]
     assert doc["devices"][0]["device"] == "cpu" and doc["devices"][0]["memory_bytes"] > 0
     assert doc["default_device"] == "cpu" and doc["default_dtype"] == "float32"
-    bf16 = doc["cpu_bfloat16"]  # bfloat16 is used only where the CPU has it and it measured faster
-    assert bf16["measured_faster"] is False or bf16["instructions"] is True
+    assert doc["cpu_compute"] in ("float32", "bfloat16")  # what `--compute auto` runs the encoder in here
+    assert doc["cpu_compute"] != "bfloat16" or doc["cpu_bfloat16_instructions"] is True
     assert doc["default_model_ready_offline"] is True
     assert any(p["model"] == "base" for p in doc["installed_packs"])
 

@@ -58,7 +58,7 @@ def test_decoding_to_its_sample_length_fits_caches_sized_for_it(executor):
     from ferrum_cli.transcribe import encode_windows
 
     model = executor._model
-    features = encode_windows(model, [decode_file(corpus(JFK)).samples], torch.bfloat16)
+    features = encode_windows(model, [decode_file(corpus(JFK)).samples], "bfloat16")
     lengths = []
     for sample_len in (1, 5, 224):
         options = DecodingOptions(language="en", temperature=0.0, fp16=False, sample_len=sample_len)
@@ -111,7 +111,7 @@ def test_a_row_told_that_speech_goes_on_does_not_end_before_it_while_other_rows_
     model = executor._model
     jfk = decode_file(corpus(JFK)).samples
     short = jfk[: 3 * SAMPLE_RATE]  # ends first, and leaves the batch
-    features = encode_windows(model, [short, jfk, jfk], torch.bfloat16)
+    features = encode_windows(model, [short, jfk, jfk], "bfloat16")
     options = DecodingOptions(language="en", temperature=0.0, fp16=False)
     plain = model.decode(features, options, fast_cache_dtype=torch.bfloat16)
     unfinished = torch.zeros(3, 1501, dtype=torch.bool)
@@ -136,7 +136,7 @@ def test_best_of_n_sampling_decodes_each_window_of_a_batch(executor):
 
     model = executor._model
     jfk = decode_file(corpus(JFK)).samples
-    features = encode_windows(model, [jfk[: 3 * SAMPLE_RATE], jfk], torch.bfloat16)
+    features = encode_windows(model, [jfk[: 3 * SAMPLE_RATE], jfk], "bfloat16")
     options = DecodingOptions(language="en", temperature=0.4, best_of=3, fp16=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
