@@ -12,6 +12,8 @@ benchmark, not a test: nothing here asserts a time.
 On the longform the bench also counts the copies of the clips that each system left out (see
 clips_missed), and the WER with every copy of the digit-string clip taken out of both texts: the
 WER charges a left-out sentence its words, but a digit string read in another format more.
+On x86 CPUs the longform also runs `ferrum --compute int8`, the opt-in encoder, beside the
+default; the targets judge the default.
 
 BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in float16, and
 faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
@@ -346,9 +348,9 @@ def main() -> None:
         """One text per run, the inputs' texts in input order, to score against the joined references."""
         return " ".join(texts[i] for i in inputs)
 
-    def ferrum_run(inputs):
+    def ferrum_run(inputs, *extra):
         def run():
-            texts, segments, wall, rss = ferrum(inputs, work)
+            texts, segments, wall, rss = ferrum(inputs, work, *extra)
             return in_order(texts, inputs), wall, rss, segments[inputs[0]]
 
         return run
@@ -361,6 +363,9 @@ def main() -> None:
         return run
 
     lf, lf_s, lf_ref = audio["longform"], audio["longform_seconds"], audio["longform_ref"]
+    from ferrum_cli.quantize import int8_available
+
+    with_int8 = on_cpu and int8_available()  # opt-in, so shown beside the default, not in the targets
     console.print(f"[b]longform[/b] ({lf_s:.0f} s): the 12 English clips joined 6 times, best time of {ROUNDS}")
     whole, only = "whole process, model load included", "transcribe() only"
     rounds(
@@ -369,6 +374,7 @@ def main() -> None:
         lf_ref,
         [
             ("ferrum", whole, ferrum_run([lf])),
+            *([("ferrum --compute int8", whole, ferrum_run([lf], "--compute", "int8"))] if with_int8 else []),
             (openai_name, only, peer_run("openai", models["pt"], [lf])),
             *(
                 []
