@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DeviceError
+from .errors import DeviceError, UsageError
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -124,7 +124,7 @@ SPEEDUP_NEEDED = 1.1  # bfloat16 rounds the encoder's products: worth it only wh
 def check_compute(compute: str) -> None:
     """`--compute` names what the batched engine's encoder computes in on a CPU."""
     if compute not in ("auto", *CPU_COMPUTES):
-        raise DeviceError(f"unknown compute {compute!r}; choose auto, {', '.join(CPU_COMPUTES)}")
+        raise UsageError(f"unknown compute {compute!r}; choose auto, {', '.join(CPU_COMPUTES)}")
     if compute == "int8":
         from .quantize import int8_available
 
