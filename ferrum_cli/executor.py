@@ -72,7 +72,10 @@ class WhisperModelExecutor:
         return self._model
 
     def check_options(self, options: TranscribeOptions) -> None:
-        """An English-only model transcribes English: other languages and translation are refused up front."""
+        """A bad --compute, and for an English-only model other languages and translation, are refused up front."""
+        from .devices import check_compute
+
+        check_compute(options.compute)
         if self._require_model().is_multilingual:
             return
         name = self._info.get("name", "this model")

@@ -184,7 +184,9 @@ def encode_windows(model, windows: list[np.ndarray], compute: str | None = None)
 
         encoder = int8_encoder(model)
     elif compute is not None:
-        dtype = getattr(torch, compute)
+        from .devices import torch_dtype
+
+        dtype = torch_dtype(compute)
     step = ENCODER_BATCH if model.device.type == "cpu" else len(windows)
     out = []
     for i in range(0, len(windows), max(step, 1)):

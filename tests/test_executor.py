@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ferrum_cli.audio import SAMPLE_RATE, decode_file
-from ferrum_cli.errors import AudioDecodeError, ExecutorStateError
+from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
 from ferrum_cli.transcribe import TranscribeOptions
 
 from .conftest import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
@@ -41,6 +41,11 @@ def test_random_bytes_are_a_typed_error(executor):
     data = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     with pytest.raises(AudioDecodeError):
         executor.transcribe_bytes(data)
+
+
+def test_an_unknown_compute_is_a_typed_error(executor):
+    with pytest.raises(UsageError, match="unknown compute 'fp8'"):
+        executor.transcribe(str(SAMPLE), TranscribeOptions(compute="fp8"))
 
 
 @needs_corpus
