@@ -180,8 +180,10 @@ def test_float16_weight_products_are_taken_only_where_float16_holds_the_weights_
 
     x = torch.randn(3, 2, 64)
     torch.testing.assert_close(products.project(x), x @ model.decoder.token_embedding.weight.T, atol=1e-4, rtol=1e-5)
-    mlp = model.decoder.blocks[1].mlp
-    torch.testing.assert_close(products.mlp(1, x), mlp(x), atol=1e-4, rtol=1e-5)
+    block = model.decoder.blocks[1]
+    torch.testing.assert_close(products.mlp(block.mlp, x), block.mlp(x), atol=1e-4, rtol=1e-5)
+    for layer in (block.attn.query, block.attn.key, block.cross_attn.out):  # key: a layer without bias
+        torch.testing.assert_close(products.linear(layer, x), layer(x), atol=1e-4, rtol=1e-5)
 
 
 @x86_fbgemm
@@ -205,3 +207,24 @@ def test_a_batch_on_float16_weight_products_gives_openai_whisper_logits(executor
     torch.testing.assert_close(first[:, 1], expected[:, 3], atol=1e-3, rtol=1e-4)
     for n, step in zip(range(4, 8), steps):
         torch.testing.assert_close(step[:, 0], expected[:, n], atol=1e-3, rtol=1e-4)
+
+
+@needs_corpus
+def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
+    """With the features in bfloat16 (their cross-attention as two products on a CPU), the logits
+    stay within bfloat16's rounding of openai-whisper's, and every step picks the same token."""
+    from whisper.audio import log_mel_spectrogram, pad_or_trim
+
+    from ferrum_cli.audio import decode_file
+
+    model = executor._model
+    mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 400, 370, 11, 452, 7177, 6280, 11, 1029]]).repeat(4, 1)
+    with torch.no_grad():
+        features = model.encoder(mel).repeat(4, 1, 1)
+        expected = model.decoder(tokens, features)
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.bfloat16)
+        inference.logits(tokens[:, :4], features)
+        steps = torch.cat([inference.logits(tokens[:, : n + 1], features) for n in range(4, 12)], dim=1)
+    assert torch.equal(steps.argmax(-1), expected[:, 4:12].argmax(-1))
+    torch.testing.assert_close(steps, expected[:, 4:12], atol=0.15, rtol=0.02)
