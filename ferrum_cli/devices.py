@@ -135,10 +135,11 @@ def check_compute(compute: str) -> None:
 def cpu_auto_compute() -> str:
     """What `--compute auto` runs the batched engine's encoder in on this CPU: float32 or bfloat16.
 
-    The flags do not settle it. With AMX (and on AMD's Zen 4) base's encoder runs 1.5-3x faster
-    in bfloat16; on an Intel Xeon with AVX512-BF16 but no AMX it runs slower (0.60 s a window
-    against 0.37 s in float32). So it is measured, once per CPU, torch version and thread count,
-    and remembered. int8 is never automatic: it changes words on the corpus (see quantize.py).
+    The flags do not settle it. With AMX, and on AMD's Zen 5 (0.15 s a window against 0.54 s),
+    base's encoder runs 1.5-3x faster in bfloat16; on an Intel Xeon with AVX512-BF16 but no AMX
+    it ran slower (0.60 s a window against 0.37 s in float32, with torch's fused attention). So it
+    is measured, once per CPU, torch version and thread count, and remembered. int8 is never
+    automatic: it changes words on the corpus (see quantize.py).
     """
     if not cpu_has_native_bf16():
         return "float32"
@@ -150,18 +151,25 @@ def cpu_auto_compute() -> str:
 
     machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
     key = hashlib.sha256(machine.encode()).hexdigest()[:16]
-    return "bfloat16" if remembered(f"cpu-bfloat16-faster-{key}", _bfloat16_measured_faster) is True else "float32"
+    answer = remembered(f"cpu-bfloat16-faster-{MEASURE_VERSION}-{key}", _bfloat16_measured_faster)
+    return "bfloat16" if answer is True else "float32"
+
+
+MEASURE_VERSION = 2  # 2: the block's attention as the encoder runs it (model.EncoderAttention)
 
 
 def _bfloat16_measured_faster() -> bool:
     """One encoder block of base (1500 frames, width 512) in float32 and in bfloat16 autocast,
-    best of interleaved rounds (a slow spell hits both)."""
+    as the encoder runs it, best of interleaved rounds (a slow spell hits both)."""
     import time
 
     import torch
     from whisper.model import ResidualAttentionBlock
 
+    from .model import with_encoder_attention
+
     block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
+    with_encoder_attention([block])
     best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
     with torch.no_grad():
         for _ in range(3):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
 from torch import Tensor
-from whisper.model import AudioEncoder, ModelDimensions, MultiHeadAttention, TextDecoder, Whisper
+from whisper.model import ModelDimensions, MultiHeadAttention, TextDecoder, Whisper
 
 from .checkpoints import Weights
 from .errors import ModelIntegrityError
@@ -73,8 +73,9 @@ class EncoderAttention(MultiHeadAttention):
         return attention_by_head(*heads).transpose(1, 2).flatten(start_dim=2), None
 
 
-def _with_encoder_attention(encoder: AudioEncoder) -> None:
-    for block in encoder.blocks:
+def with_encoder_attention(blocks: Iterable[torch.nn.Module]) -> None:
+    """Residual attention blocks of an encoder take EncoderAttention; weights stay as they are."""
+    for block in blocks:
         block.attn.__class__ = EncoderAttention
 
 
@@ -84,7 +85,7 @@ class FerrumWhisper(Whisper):
 
     def __init__(self, dims: ModelDimensions) -> None:
         super().__init__(dims)
-        _with_encoder_attention(self.encoder)
+        with_encoder_attention(self.encoder.blocks)
         self.decoder = PositionalTextDecoder(
             dims.n_vocab, dims.n_text_ctx, dims.n_text_state, dims.n_text_head, dims.n_text_layer
         )
