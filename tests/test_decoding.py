@@ -160,8 +160,9 @@ def small_model(float16_exact: bool):
     torch.manual_seed(0)
     dims = ModelDimensions(80, 1500, 64, 2, 2, 51865, 448, 64, 2, 2)
     model = FerrumWhisper(dims).eval()
-    if float16_exact:
-        with torch.no_grad():
+    with torch.no_grad():
+        model.decoder.positional_embedding.normal_(0, 0.02)  # openai-whisper leaves it uninitialized
+        if float16_exact:
             for p in model.parameters():
                 p.copy_(p.half().float())
     return model
@@ -228,3 +229,26 @@ def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
         steps = torch.cat([inference.logits(tokens[:, : n + 1], features) for n in range(4, 12)], dim=1)
     assert torch.equal(steps.argmax(-1), expected[:, 4:12].argmax(-1))
     torch.testing.assert_close(steps, expected[:, 4:12], atol=0.15, rtol=0.02)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_rows_that_leave_the_batch_leave_the_others_as_if_decoded_alone(cache_dtype):
+    """keep_rows moves the remaining rows' caches up in place; what they compute stays theirs."""
+    model = small_model(float16_exact=True)
+    torch.manual_seed(1)
+    features = torch.randn(4, 1500, 64)
+    tokens = torch.randint(0, 50000, (4, 9))
+    kept = torch.tensor([False, True, False, True])
+    with torch.no_grad():
+        batch = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=cache_dtype)
+        alone = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=cache_dtype)
+        batch.logits(tokens[:, :4], features)
+        alone.logits(tokens[kept, :4], features[kept])
+        batch.logits(tokens[:, :5], features)
+        alone.logits(tokens[kept, :5], features[kept])
+        batch.keep_rows(kept)
+        for n in range(6, 10):
+            torch.testing.assert_close(
+                batch.logits(tokens[kept, :n], None), alone.logits(tokens[kept, :n], None), atol=1e-4, rtol=1e-5
+            )
+    assert features.shape[0] == 4  # the caller's features are never written
