@@ -126,7 +126,8 @@ class Transcription:
 @dataclass(frozen=True)
 class Compute:
     """How the batched engine computes: the encoder's products, and the dtype of the decoder's
-    cross-attention cache and vocabulary projection."""
+    cross-attention cache (and of its vocabulary projection where that is not on float16-weight
+    products, see decoding.HalfWeightProducts)."""
 
     encoder: str  # "int8", "bfloat16" (autocast) or the model's own dtype
     cache_dtype: torch.dtype
