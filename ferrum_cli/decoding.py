@@ -235,7 +235,12 @@ def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
 
     def make() -> HalfWeightProducts | None:
         decoder = model.decoder
-        layers = [m for m in decoder.modules() if isinstance(m, nn.Linear)]
+        layers = [  # those StaticCacheInference calls: the cross-attention's keys and values are folded
+            layer
+            for b in decoder.blocks
+            for layer in (b.attn.query, b.attn.key, b.attn.value, b.attn.out, b.cross_attn.query, b.cross_attn.out)
+            + (b.mlp[0], b.mlp[2])
+        ]
         weights = [decoder.token_embedding.weight] + [layer.weight for layer in layers]
         if any(not torch.equal(w.detach().half().float(), w.detach()) for w in weights):
             return None
