@@ -274,13 +274,14 @@ def test_a_thousand_files_one_model_load_and_flat_memory(tmp_path):
     while proc.poll() is None:
         done = len(os.listdir(out)) if out.exists() else 0
         samples.append((done, _rss_mb(proc.pid)))
-        time.sleep(0.25)
+        time.sleep(0.1)
     proc.wait()
     assert proc.returncode == 0, log.read_text()[-2000:]
     assert len(list(out.iterdir())) == 1000
     assert sum(1 for f in out.iterdir() if "experience proves this" in words(f.read_text())) == 100
     early = [rss for done, rss in samples if 100 <= done <= 250 and rss]
-    late = [rss for done, rss in samples if done >= 850 and rss]
+    # the last tenth of the run: the last files can land within one sample of each other
+    late = [rss for _, rss in samples[-max(len(samples) // 10, 1) :] if rss]
     assert early and late
     assert max(late) <= max(early) * 1.10 + 30, (max(early), max(late))
 
