@@ -11,7 +11,9 @@ benchmark, not a test: nothing here asserts a time.
 
 On the longform the bench also counts the copies of the clips that each system left out (see
 clips_missed), and the WER with every copy of the digit-string clip taken out of both texts: the
-WER charges a left-out sentence its words, but a digit string read in another format more.
+WER charges a left-out sentence its words, but a digit string read in another format more. It
+also counts the copies of the digit string whose text holds exactly the digits spoken
+(digit_copies_right), which the WER cannot see.
 On x86 CPUs the longform also runs `ferrum --compute int8`, the opt-in encoder, beside the
 default; the targets judge the default.
 
@@ -28,6 +30,7 @@ import csv
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -211,13 +214,38 @@ def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: l
     return missed
 
 
+def _mostly_inside(segment: list, spans: list[tuple[float, float]]) -> bool:
+    start, end, _ = segment
+    return sum(_overlap(start, end, a, b) for a, b in spans) > (end - start) / 2
+
+
 def without_clip(layout: list[tuple[str, float, float]], refs: dict, segments: list, name: str) -> tuple[str, str]:
     """Reference and hypothesis with every copy of the clip `name` left out: the hypothesis
     drops the segments that lie mostly inside one of those copies."""
     spans = [(s, e) for clip, s, e in layout if name in clip]
     reference = " ".join(refs[clip] for clip, _, _ in layout if name not in clip)
-    kept = [t for s, e, t in segments if sum(_overlap(s, e, a, b) for a, b in spans) <= (e - s) / 2]
+    kept = [t for s, e, t in segments if not _mostly_inside([s, e, t], spans)]
     return reference, " ".join(kept)
+
+
+SPOKEN_DIGITS = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine".split())}
+SPOKEN_DIGITS["oh"] = "0"
+
+
+def digits_of(text: str) -> str:
+    """The digits a text holds, written as figures or spoken one by one ("nine oh two")."""
+    return "".join(t if t.isdigit() else SPOKEN_DIGITS.get(t.lower(), "") for t in re.findall(r"\d|[A-Za-z]+", text))
+
+
+def digit_copies_right(layout: list[tuple[str, float, float]], refs: dict, segments: list) -> int:
+    """Copies of the digit-string clip whose segments hold exactly its reference's digits, in
+    order: what the WER cannot tell apart, since it scores each format of a digit string its own way."""
+    right = 0
+    for clip, start, end in layout:
+        if DIGIT_CLIP in clip:
+            text = " ".join(t for s, e, t in segments if _mostly_inside([s, e, t], [(start, end)]))
+            right += digits_of(text) == digits_of(refs[clip])
+    return right
 
 
 def ferrum_command() -> list[str]:
@@ -328,6 +356,9 @@ def main() -> None:
             row["clips_missed"] = max(len(m) for m in row["clips_missed_each"])
             cut = [without_clip(layout, audio["clip_refs"], r[3], DIGIT_CLIP) for r in runs]
             row["wer_without_digit_clip"] = round(sum(wer(a, b) for a, b in cut) / len(cut), 4)
+            row["digit_copies_right_each"] = [digit_copies_right(layout, audio["clip_refs"], r[3]) for r in runs]
+            row["digit_copies_right"] = min(row["digit_copies_right_each"])
+            row["digit_copies"] = sum(DIGIT_CLIP in clip for clip, _, _ in layout)
         rows.append(row)
         console.print(
             f"  {scenario:<12} {system:<28} {row['x_realtime']:>6}x  {row['seconds']:>7.2f} s  "
@@ -436,6 +467,10 @@ def main() -> None:
             ours["wer_without_digit_clip"] - by[("longform", openai_name)]["wer_without_digit_clip"], 4
         ),
         "longform clip copies missed by ferrum": ours["clips_missed"],
+        "longform digit-string copies read digit for digit, ferrum": ours["digit_copies_right"],
+        "longform digit-string copies read digit for digit, openai": by[("longform", openai_name)][
+            "digit_copies_right"
+        ],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
         "cold start seconds": by[("cold start", "ferrum")]["seconds"],
         "60 min peak RSS MB": by[("60 minutes", "ferrum")]["peak_rss_mb"],
@@ -455,7 +490,8 @@ def main() -> None:
     if not on_cpu:
         targets = {}  # the issue's targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
-    for col in ("scenario", "system", "x real time", "seconds", "WER", "WER w/o digits", "missed", "peak RSS"):
+    columns = ("scenario", "system", "x real time", "seconds", "WER", "WER w/o digits", "missed", "digits right")
+    for col in (*columns, "peak RSS"):
         table.add_column(col, justify="right" if col not in ("scenario", "system") else "left")
     for r in rows:
         table.add_row(
@@ -466,6 +502,7 @@ def main() -> None:
             "-" if r["wer"] is None else f"{r['wer'] * 100:.1f}%",
             f"{r['wer_without_digit_clip'] * 100:.1f}%" if "wer_without_digit_clip" in r else "-",
             str(r["clips_missed"]) if "clips_missed" in r else "-",
+            f"{r['digit_copies_right']}/{r['digit_copies']}" if "digit_copies" in r else "-",
             f"{r['peak_rss_mb']} MB",
         )
     console.print(table)
