@@ -168,7 +168,8 @@ def _bfloat16_measured_faster() -> bool:
 
     from .model import with_encoder_attention
 
-    block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
     with_encoder_attention([block])
     best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
     with torch.no_grad():
