@@ -13,6 +13,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -286,6 +287,17 @@ def _is_silence(result, options: TranscribeOptions) -> bool:
     )
 
 
+@contextmanager
+def seeded_sampling(seed: int) -> Iterator[None]:
+    """Temperature sampling from a fixed seed, so that the same input gives the same text on
+    every run; the caller's random state is left as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def _decode_batch(
     model,
     features: torch.Tensor,
@@ -300,7 +312,6 @@ def _decode_batch(
     """Decode encoded windows together; those that fail the thresholds go again at the next
     temperature, except the rows in one_look, which are decoded at the first temperature only.
     unfinished: see decoding.SpeechContinuation."""
-    import torch
     from whisper.decoding import DecodingOptions
 
     results: list = [None] * features.shape[0]
@@ -308,8 +319,7 @@ def _decode_batch(
     eot = tokenizer.eot
     for step, temperature in enumerate(options.temperature):
         kwargs = options.decode_kwargs(temperature)
-        with torch.random.fork_rng(devices=[]):  # sampling is seeded: the same input gives the same text
-            torch.manual_seed(int(temperature * 1000))
+        with seeded_sampling(int(temperature * 1000)):
             rows = [languages[i] for i in pending] if languages else None
             if rows:
                 kwargs["language"] = None  # each row carries its own file's language
@@ -757,7 +767,7 @@ def transcribe_sequential(
         return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
     get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=options.task)
-    with warnings.catch_warnings(record=True) as caught:  # openai-whisper's warnings, as the input's own
+    with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
         warnings.simplefilter("always")
         result = transcribe(
             model,

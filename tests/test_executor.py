@@ -59,6 +59,22 @@ def test_rich_result_has_segments_language_and_duration(executor):
     assert result.options["language"] == "en"
 
 
+@needs_corpus
+@pytest.mark.parametrize("sequential", [False, True], ids=["batched", "sequential"])
+def test_sampling_is_seeded_so_the_same_input_gives_the_same_text(executor, sequential):
+    """At temperature 1 the text is a draw. The draw is seeded, in both engines, and the
+    caller's own random state is left as it was."""
+    import torch
+
+    options = TranscribeOptions(language="en", temperature=(1.0,), sequential=sequential)
+    torch.manual_seed(123)
+    untouched = torch.rand(3)
+    torch.manual_seed(123)
+    first = executor.transcribe(corpus(JFK), options).text
+    assert torch.equal(torch.rand(3), untouched)
+    assert executor.transcribe(corpus(JFK), options).text == first
+
+
 def test_info_capabilities_status(executor):
     info = executor.info()
     assert info["name"] == "base" and info["multilingual"] is True
