@@ -90,7 +90,7 @@ class WhisperModelExecutor:
 
         model = self._require_model()
         start = time.perf_counter()
-        from .transcribe import transcribe_batched
+        from .batched import transcribe_batched
 
         noise = np.random.default_rng(0).normal(0, 0.05, 16000).astype(np.float32)
         transcribe_batched(model, [noise], TranscribeOptions(language="en", temperature=(0.0,), vad=False))
@@ -125,7 +125,8 @@ class WhisperModelExecutor:
     ) -> Transcription:
         """The rich call: segments, language with its probability, duration, options."""
         from .audio import decode_bytes, decode_file, stream_file
-        from .transcribe import transcribe_batched, transcribe_sequential
+        from .batched import transcribe_batched
+        from .sequential import transcribe_sequential
 
         model = self._require_model()
         options = options or TranscribeOptions()
@@ -171,7 +172,7 @@ class WhisperModelExecutor:
         back as its error and the rest go on.
         """
         from .audio import decode_bytes, stream_file
-        from .transcribe import transcribe_stream
+        from .batched import transcribe_stream
 
         model = self._require_model()
         options = options or TranscribeOptions()

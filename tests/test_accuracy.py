@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ferrum_cli.audio import SAMPLE_RATE, decode_file
-from ferrum_cli.transcribe import TranscribeOptions, repetition_loop
+from ferrum_cli.batched import repetition_loop
+from ferrum_cli.transcribe import TranscribeOptions
 from ferrum_cli.vad import VadOptions, speech_regions
 
 from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum, wav_bytes, words

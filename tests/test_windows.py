@@ -84,7 +84,7 @@ def test_speech_after_each_timestamp_is_what_speech_within_counts_from_there():
 
 def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them():
     """An input's regions would grow with its length; the planner keeps adding to the same list."""
-    from ferrum_cli.transcribe import _File
+    from ferrum_cli.batched import _File
 
     file = _File("input")
     planner_view = file.speech
@@ -95,7 +95,7 @@ def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them()
 
 
 def test_a_tail_that_only_reads_the_last_words_again_is_recognised():
-    from ferrum_cli.transcribe import _repeats_the_end
+    from ferrum_cli.batched import _repeats_the_end
 
     before = " Ask what you can do for your country"
     assert _repeats_the_end(" country.", before)
