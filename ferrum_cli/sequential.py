@@ -12,16 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .transcribe import (
-    Segment,
-    TranscribeOptions,
-    Transcription,
-    detect_language,
-    encode_windows,
-    get_tokenizer,
-    language_windows,
-    seeded_sampling,
-)
+from .transcribe import Segment, TranscribeOptions, Transcription, get_tokenizer, language_of, seeded_sampling
 from .vad import speech_regions
 from .windows import WINDOW, pack
 
@@ -65,10 +56,7 @@ def transcribe_sequential(
         windows = [samples[i : i + WINDOW] for i in range(0, len(samples), WINDOW)]
     language, probability = options.language, 1.0
     if language is None:
-        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
-        chosen = [windows[i] for i in language_windows(windows)]
-        features = encode_windows(model, chosen) if chosen else torch.zeros(0)
-        language, probability = detect_language(model, features, tokenizer)
+        language, probability = language_of(model, windows)
     if not windows or language == "und":
         return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}

@@ -238,11 +238,16 @@ def seeded_sampling(seed: int) -> Iterator[None]:
 
 def identify_language(model, chunks: Iterable[np.ndarray], options: TranscribeOptions) -> tuple[str, float]:
     """Language and probability from up to three speech windows of the first batch; 'und' without speech."""
-    import torch
-
     windows = plan_windows(chunks, options.vad, options.vad_options)
     first = [w for _, w in itertools.islice(windows, options.batch_size)]
-    chosen = [first[i] for i in language_windows(first)]
-    features = encode_windows(model, chosen, plan_compute(model, options).encoder) if chosen else torch.zeros(0)
+    return language_of(model, first, plan_compute(model, options).encoder)
+
+
+def language_of(model, windows: list[np.ndarray], compute: str | None = None) -> tuple[str, float]:
+    """Language and probability from up to three of the windows that hold sound; 'und' without any."""
+    import torch
+
+    chosen = [windows[i] for i in language_windows(windows)]
+    features = encode_windows(model, chosen, compute) if chosen else torch.zeros(0)
     tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
     return detect_language(model, features, tokenizer)
