@@ -214,8 +214,7 @@ def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: l
     return missed
 
 
-def _mostly_inside(segment: list, spans: list[tuple[float, float]]) -> bool:
-    start, end, _ = segment
+def _mostly_inside(start: float, end: float, spans: list[tuple[float, float]]) -> bool:
     return sum(_overlap(start, end, a, b) for a, b in spans) > (end - start) / 2
 
 
@@ -224,7 +223,7 @@ def without_clip(layout: list[tuple[str, float, float]], refs: dict, segments: l
     drops the segments that lie mostly inside one of those copies."""
     spans = [(s, e) for clip, s, e in layout if name in clip]
     reference = " ".join(refs[clip] for clip, _, _ in layout if name not in clip)
-    kept = [t for s, e, t in segments if not _mostly_inside([s, e, t], spans)]
+    kept = [t for s, e, t in segments if not _mostly_inside(s, e, spans)]
     return reference, " ".join(kept)
 
 
@@ -243,7 +242,7 @@ def digit_copies_right(layout: list[tuple[str, float, float]], refs: dict, segme
     right = 0
     for clip, start, end in layout:
         if DIGIT_CLIP in clip:
-            text = " ".join(t for s, e, t in segments if _mostly_inside([s, e, t], [(start, end)]))
+            text = " ".join(t for s, e, t in segments if _mostly_inside(s, e, [(start, end)]))
             right += digits_of(text) == digits_of(refs[clip])
     return right
 
