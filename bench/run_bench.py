@@ -13,7 +13,9 @@ On the longform the bench also counts the copies of the clips that each system l
 clips_missed), and the WER with every copy of the digit-string clip taken out of both texts: the
 WER charges a left-out sentence its words, but a digit string read in another format more. It
 also counts the copies of the digit string whose text holds exactly the digits spoken
-(digit_copies_right), which the WER cannot see.
+(digit_copies_right), which the WER cannot see. The same figures come for a second joined
+file, the clips in reverse order 4 times (about 402 s): a check, with no target, that a WER
+difference comes from the systems and not from the order of one file's clips.
 On x86 CPUs the longform also runs `ferrum --compute int8`, the opt-in encoder, beside the
 default; the targets judge the default.
 
@@ -26,6 +28,7 @@ BENCH_RESULTS the file to write.
 
 from __future__ import annotations
 
+import atexit
 import csv
 import json
 import os
@@ -63,30 +66,42 @@ def write_wav(path: Path, samples: np.ndarray) -> None:
         w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
 
 
+def joined(clips: list[str], decoded: list[np.ndarray], times: int) -> tuple[np.ndarray, list]:
+    """The clips one after another with 1 s of silence after each, `times` over, and the layout:
+    (clip, start s, end s) of each copy."""
+    gap = np.zeros(SR, np.float32)
+    once = np.concatenate([x for samples in decoded for x in (samples, gap)])
+    layout, start = [], 0.0
+    for _ in range(times):
+        for clip, samples in zip(clips, decoded):
+            layout.append((clip, start, start + len(samples) / SR))
+            start += (len(samples) + len(gap)) / SR
+    return np.tile(once, times), layout
+
+
 def build_audio(work: Path) -> dict:
     from ferrum_cli.audio import decode_file
 
     rows = english_rows()
     clips = [str(CORPUS / r["file"]) for r in rows]
-    gap = np.zeros(SR, np.float32)
     decoded = [decode_file(c).samples for c in clips]
-    once = np.concatenate([x for samples in decoded for x in (samples, gap)])
-    six = np.tile(once, 6)
-    layout, start = [], 0.0  # (clip, start s, end s) of each copy in the longform
-    for _ in range(6):
-        for clip, samples in zip(clips, decoded):
-            layout.append((clip, start, start + len(samples) / SR))
-            start += (len(samples) + len(gap)) / SR
+    six, layout = joined(clips, decoded, 6)
+    backwards, reversed_layout = joined(clips[::-1], decoded[::-1], 4)
     write_wav(work / "longform_x6.wav", six)
+    write_wav(work / "reversed_x4.wav", backwards)
     write_wav(work / "sixty_minutes.wav", np.tile(six, 6))
+    refs = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
     return {
         "clips": clips,
-        "clip_refs": {c: r["reference_transcript"] for c, r in zip(clips, rows)},
+        "clip_refs": refs,
         "clip_seconds": sum(len(samples) for samples in decoded) / SR,
         "longform": str(work / "longform_x6.wav"),
-        "longform_ref": " ".join([r["reference_transcript"] for r in rows] * 6),
+        "longform_ref": " ".join(refs[clip] for clip, _, _ in layout),
         "longform_seconds": len(six) / SR,
-        "longform_layout": layout,
+        "reversed": str(work / "reversed_x4.wav"),
+        "reversed_ref": " ".join(refs[clip] for clip, _, _ in reversed_layout),
+        "reversed_seconds": len(backwards) / SR,
+        "layouts": {"longform": layout, "reversed": reversed_layout},
         "sixty": str(work / "sixty_minutes.wav"),
         "sixty_seconds": len(six) * 6 / SR,
         "jfk": str(CORPUS / "en_jfk_inaugural_1961.flac"),
@@ -322,6 +337,7 @@ def main() -> None:
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # a log keeps table rows whole
     work = Path(tempfile.mkdtemp(prefix="ferrum_bench_"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its wavs and checkpoints: about 430 MB
     no_faster = faster_whisper_runs()
     audio, models = build_audio(work), build_models(work, with_ct2=no_faster is None)
     rows: list[dict] = []
@@ -333,7 +349,7 @@ def main() -> None:
 
     def record(scenario, system, audio_s, runs, ref=None, note=""):
         """runs: (text, seconds, peak RSS bytes, segments of a single input) of each run: the best
-        time, the worst RSS, the mean WER; on the longform, what each run left out."""
+        time, the worst RSS, the mean WER; on a joined file, what each run left out."""
         seconds = min(r[1] for r in runs)
         wers = [wer(ref, r[0]) for r in runs] if ref else []
         row = {
@@ -349,8 +365,7 @@ def main() -> None:
             "wer_each": [round(w, 4) for w in wers],
             "note": note,
         }
-        if scenario == "longform":
-            layout = audio["longform_layout"]
+        if layout := audio["layouts"].get(scenario):
             row["clips_missed_each"] = [clips_missed(layout, audio["clip_refs"], r[3]) for r in runs]
             row["clips_missed"] = max(len(m) for m in row["clips_missed_each"])
             cut = [without_clip(layout, audio["clip_refs"], r[3], DIGIT_CLIP) for r in runs]
@@ -418,6 +433,19 @@ def main() -> None:
         ROUNDS,
     )
 
+    rev, rev_s = audio["reversed"], audio["reversed_seconds"]
+    console.print(
+        f"[b]reversed[/b] ({rev_s:.0f} s): the same clips in reverse order, 4 times, so that each"
+        " follows another clip: the WER columns, not the times"
+    )
+    rounds(
+        "reversed",
+        rev_s,
+        audio["reversed_ref"],
+        [("ferrum", whole, ferrum_run([rev])), (openai_name, only, peer_run("openai", models["pt"], [rev]))],
+        ROUNDS,
+    )
+
     clips, clip_s = audio["clips"], audio["clip_seconds"]
     clip_ref = " ".join(audio["clip_refs"][c] for c in clips)
     console.print(f"[b]12 clips[/b] ({clip_s:.1f} s) in one process, best time of {ROUNDS}")
@@ -470,6 +498,15 @@ def main() -> None:
         "longform digit-string copies read digit for digit, openai": by[("longform", openai_name)][
             "digit_copies_right"
         ],
+        "reversed WER ferrum - openai": round(
+            by[("reversed", "ferrum")]["wer"] - by[("reversed", openai_name)]["wer"], 4
+        ),
+        "reversed WER without the digit clip, ferrum - openai": round(
+            by[("reversed", "ferrum")]["wer_without_digit_clip"]
+            - by[("reversed", openai_name)]["wer_without_digit_clip"],
+            4,
+        ),
+        "reversed clip copies missed by ferrum": by[("reversed", "ferrum")]["clips_missed"],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
         "cold start seconds": by[("cold start", "ferrum")]["seconds"],
         "60 min peak RSS MB": by[("60 minutes", "ferrum")]["peak_rss_mb"],
