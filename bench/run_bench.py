@@ -484,27 +484,26 @@ def main() -> None:
         peer_row = by.get(("longform", peer_name))
         return round(ours["x_realtime"] / peer_row["x_realtime"], 2) if peer_row else None
 
+    def ferrum_minus_openai(scenario: str, figure: str) -> float:
+        return round(by[(scenario, "ferrum")][figure] - by[(scenario, openai_name)][figure], 4)
+
     ratios = {
         "longform x_realtime": ours["x_realtime"],
         "longform vs openai-whisper": speedup(openai_name),
         "longform vs faster-whisper": speedup(faster_name),
         "longform vs faster-whisper batched": speedup(faster_name + " batch 8"),
-        "longform WER ferrum - openai": round(ours["wer"] - by[("longform", openai_name)]["wer"], 4),
-        "longform WER without the digit clip, ferrum - openai": round(
-            ours["wer_without_digit_clip"] - by[("longform", openai_name)]["wer_without_digit_clip"], 4
+        "longform WER ferrum - openai": ferrum_minus_openai("longform", "wer"),
+        "longform WER without the digit clip, ferrum - openai": ferrum_minus_openai(
+            "longform", "wer_without_digit_clip"
         ),
         "longform clip copies missed by ferrum": ours["clips_missed"],
         "longform digit-string copies read digit for digit, ferrum": ours["digit_copies_right"],
         "longform digit-string copies read digit for digit, openai": by[("longform", openai_name)][
             "digit_copies_right"
         ],
-        "reversed WER ferrum - openai": round(
-            by[("reversed", "ferrum")]["wer"] - by[("reversed", openai_name)]["wer"], 4
-        ),
-        "reversed WER without the digit clip, ferrum - openai": round(
-            by[("reversed", "ferrum")]["wer_without_digit_clip"]
-            - by[("reversed", openai_name)]["wer_without_digit_clip"],
-            4,
+        "reversed WER ferrum - openai": ferrum_minus_openai("reversed", "wer"),
+        "reversed WER without the digit clip, ferrum - openai": ferrum_minus_openai(
+            "reversed", "wer_without_digit_clip"
         ),
         "reversed clip copies missed by ferrum": by[("reversed", "ferrum")]["clips_missed"],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
