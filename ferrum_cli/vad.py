@@ -16,6 +16,7 @@ from functools import lru_cache
 import numpy as np
 
 from .audio import SAMPLE_RATE
+from .level import raised_for_vad
 
 FRAME = 512  # samples per Silero frame at 16 kHz
 WARMUP_FRAMES = 16  # each stream first reads 0.5 s of the audio before it, to settle its state
@@ -66,6 +67,7 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> l
     """
     import torch
 
+    inputs = [raised_for_vad(samples) for samples in inputs]  # gain never decides what is speech
     results = [np.zeros(0, np.float32) for _ in inputs]
     audible = [i for i, samples in enumerate(inputs) if len(samples)]
     if not audible:

@@ -2,7 +2,7 @@
 
 Voice activity detection finds the speech; regions less than 5 s apart are packed together,
 and a span longer than 30 s is cut in its deepest pause, so that no window starts inside a
-sentence.
+sentence. Quiet speech in a window is raised to a normal level (level.raised_spans).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from .audio import SAMPLE_RATE
+from .level import raised_spans
 from .vad import VadOptions, speech_regions_and_core_many
 
 WINDOW = 30 * SAMPLE_RATE
@@ -35,7 +36,8 @@ def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) 
     width = min(pause_frames, n)
     smoothed = np.convolve(energy, np.ones(width) / width, mode="valid")
     deepest = float(smoothed.min())
-    last = int(np.flatnonzero(smoothed <= deepest * 4 + 1e-10)[-1])
+    # within 6 dB of the deepest, or 80 dB under the loudest: never an absolute level, which quiet audio lies under
+    last = int(np.flatnonzero(smoothed <= max(deepest * 4, float(smoothed.max()) * 1e-8))[-1])
     return lo + (last + width // 2) * FRAME + FRAME // 2
 
 
@@ -80,7 +82,8 @@ def plan_whole(
     planned = []
     for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options)):
         spans = [(0, len(clip))] if merge and regions and len(clip) <= WINDOW else pack(clip, regions, merge)
-        planned.append(([(a / SAMPLE_RATE, clip[a:b]) for a, b in spans], core))
+        heard = raised_spans(clip, regions if vad else spans)
+        planned.append(([(a / SAMPLE_RATE, heard[a:b]) for a, b in spans], core))
     return planned
 
 
@@ -125,6 +128,7 @@ def plan_windows(
                 keep_from = windows.pop()[0]
             elif windows:
                 keep_from = max(keep_from, windows[-1][1])
+        heard = raised_spans(buffer, regions if vad else windows)  # a copy: the carried-over buffer stays as read
         for start, end in windows:
-            yield (offset + start) / SAMPLE_RATE, buffer[start:end]
+            yield (offset + start) / SAMPLE_RATE, heard[start:end]
         buffer, offset = buffer[keep_from:], offset + keep_from
