@@ -24,11 +24,10 @@ from .transcribe import (
     encode_windows,
     get_tokenizer,
     language_windows,
-    loudness,
     plan_compute,
     seeded_sampling,
 )
-from .vad import speech_after, speech_within
+from .vad import VadOptions, speech_after, speech_regions, speech_within
 from .windows import WINDOW, plan_whole, plan_windows
 
 if TYPE_CHECKING:
@@ -211,21 +210,23 @@ def _unfinished_tail(
         return None
     if options.vad:  # at least half a second of speech itself, not of the padding around it
         start = round((window.offset + covered) * SAMPLE_RATE)
-        has_speech = speech_within(window.file.speech, start, start + len(rest)) >= SAMPLE_RATE // 2
-    else:
-        has_speech = loudness(rest) > 1e-3
-    return (window.offset + covered, rest) if has_speech else None
+        speech = speech_within(window.file.speech, start, start + len(rest))
+    else:  # no regions were found: the VAD looks at the rest alone (it hears quiet speech as well as loud)
+        speech = speech_within(speech_regions(rest, VadOptions(speech_pad_ms=0)), 0, len(rest))
+    return (window.offset + covered, rest) if speech >= SAMPLE_RATE // 2 else None
 
 
 class _Counted:
-    """Passes chunks through and counts their samples: the duration of a stream."""
+    """Passes chunks through and counts their samples and their peak: the duration and level of a stream."""
 
     def __init__(self, chunks: Iterable[np.ndarray]) -> None:
-        self.chunks, self.samples = chunks, 0
+        self.chunks, self.samples, self.peak = chunks, 0, 0.0
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for chunk in self.chunks:
             self.samples += len(chunk)
+            if len(chunk):
+                self.peak = max(self.peak, float(np.abs(chunk).max()))
             yield chunk
 
 
@@ -256,7 +257,9 @@ class _File:
         text = "".join(s.text for s in self.segments).strip()
         duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
         used = {**asdict(options), "language": options.language or self.language, "engine": "batched"}
-        result = Transcription(text, self.segments, self.language, self.probability, duration, used)
+        language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
+        result = Transcription(text, self.segments, language, probability, duration, used)
+        result.peak = self.counted.peak if self.counted else 0.0
         if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
             result.warnings.append(warning)
         return result

@@ -270,7 +270,9 @@ def transcribe(
                 if not stream_jsonl:
                     sys.stdout.write(render(result, fmt, layout))
             sys.stdout.flush()
-        if result.language and not quiet and options.language is None:
+        if no_speech := result.no_speech_warning():  # even with -q: the one line that warns of lost data
+            err.print(f"[yellow]warning:[/] {job.display}: {no_speech}")
+        if result.speech and not quiet and options.language is None:
             err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
         if progress:
             progress.advance_file(result.duration)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import SAMPLE_RATE
+from .level import raised_spans
 from .transcribe import Segment, TranscribeOptions, Transcription, get_tokenizer, language_of, seeded_sampling
 from .vad import speech_regions
 from .windows import WINDOW, pack
@@ -50,15 +51,18 @@ def transcribe_sequential(
     from whisper.transcribe import transcribe
 
     duration = len(samples) / SAMPLE_RATE
+    peak = float(np.abs(samples).max()) if len(samples) else 0.0
     if options.vad:  # VAD only decides whether there is speech at all: the algorithm stays openai-whisper's
-        windows = [samples[a:b] for a, b in pack(samples, speech_regions(samples, options.vad_options), merge=True)]
+        regions = speech_regions(samples, options.vad_options)
     else:
-        windows = [samples[i : i + WINDOW] for i in range(0, len(samples), WINDOW)]
+        regions = [(i, min(i + WINDOW, len(samples))) for i in range(0, len(samples), WINDOW)]
+    samples = raised_spans(samples, regions)  # quiet speech at a normal level, as the batched engine reads it
+    windows = [samples[a:b] for a, b in (pack(samples, regions, merge=True) if options.vad else regions)]
     language, probability = options.language, 1.0
     if language is None:
         language, probability = language_of(model, windows)
     if not windows or language == "und":
-        return Transcription("", [], language, probability, duration, {**asdict(options), "engine": "sequential"})
+        return Transcription("", [], "und", 0.0, duration, {**asdict(options), "engine": "sequential"}, peak=peak)
     decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
     get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=options.task)
     with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
@@ -99,9 +103,12 @@ def transcribe_sequential(
         segments.append(seg)
         if on_segment:
             on_segment(seg)
+    if not segments:
+        language, probability = "und", 0.0
     out = Transcription(
         result["text"].strip(), segments, language, probability, duration, {**asdict(options), "engine": "sequential"}
     )
+    out.peak = peak
     ours = [w for w in caught if "whisper" in Path(w.filename).parts]
     out.warnings.extend(dict.fromkeys(str(w.message) for w in ours))  # each message once
     for other in (w for w in caught if w not in ours):

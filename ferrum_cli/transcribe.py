@@ -99,11 +99,24 @@ class Segment:
 class Transcription:
     text: str
     segments: list[Segment]
-    language: str
+    language: str  # "und" exactly when no speech was found
     language_probability: float
     duration: float
     options: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    peak: float = 0.0  # the input's largest absolute sample, full scale 1.0
+
+    @property
+    def speech(self) -> bool:
+        """Whether any speech was transcribed; without it the caller must be told (no_speech_warning)."""
+        return bool(self.segments)
+
+    def no_speech_warning(self) -> str | None:
+        """The one line that says an input gave no text, with its level, so that quiet audio is never lost unseen."""
+        if self.speech:
+            return None
+        level = f"{20 * np.log10(self.peak):.0f}" if self.peak > 0 else "-inf"
+        return f"no speech found (peak {level} dBFS)"
 
     def to_dict(self) -> dict:
         """The shape openai-whisper's writers read."""
@@ -113,6 +126,7 @@ class Transcription:
             "language": self.language,
             "language_probability": self.language_probability,
             "duration": self.duration,
+            "speech": self.speech,
             "options": self.options,
         }
 
@@ -199,9 +213,15 @@ def loudness(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) if samples.size else 0.0
 
 
+AUDIBLE_RANGE = 10 ** (-40 / 20)  # a window this far below the loudest one is taken for silence
+
+
 def language_windows(windows: list[np.ndarray], count: int = 3) -> list[int]:
-    """Indices of up to `count` windows, spread over those given, that hold sound."""
-    audible = [i for i, w in enumerate(windows) if loudness(w) > 1e-3]
+    """Indices of up to `count` windows, spread over those given, that hold sound: level relative to
+    the loudest window, never an absolute one, so a quiet recording is heard like a loud one."""
+    levels = [loudness(w) for w in windows]
+    loudest = max(levels, default=0.0)
+    audible = [i for i, level in enumerate(levels) if level > 0 and level >= loudest * AUDIBLE_RANGE]
     if len(audible) <= count:
         return audible
     return [audible[round(k * (len(audible) - 1) / (count - 1))] for k in range(count)]
