@@ -80,6 +80,34 @@ def wav_bytes(samples, sample_rate: int = 16000) -> bytes:
     return buffer.getvalue()
 
 
+def float_wav_bytes(samples, sample_rate: int = 16000) -> bytes:
+    """32-bit float mono WAV: audio scaled in code keeps its detail at any level, as a 24-bit
+    recording would, instead of losing it to 16-bit steps."""
+    import struct
+
+    import numpy as np
+
+    data = np.asarray(samples, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, sample_rate, 4 * sample_rate, 4, 32)  # 3: IEEE float
+    header = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data))
+    return b"RIFF" + struct.pack("<I", len(header) + len(data)) + header + data
+
+
+def errors_against(reference: str, hypothesis: str, language: str) -> int:
+    """Word errors (substitutions, insertions, deletions) after openai-whisper's normalizer for the language."""
+    from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer() if language == "en" else BasicTextNormalizer()
+    ref, hyp = normalize(reference).split(), normalize(hypothesis).split()
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1]
+
+
 def words(text: str) -> str:
     """openai-whisper's English normalizer, so tests compare words and not punctuation."""
     from whisper.normalizers import EnglishTextNormalizer
