@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/ferrum transcribe samples/sample.ogg
+	$(BIN)/ferrum transcribe samples/librivox_sense_and_sensibility.wav
 
 test: install
 	$(BIN)/pytest -q

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "corpus"
-SAMPLE = ROOT / "samples" / "sample.ogg"
+SAMPLE = ROOT / "samples" / "librivox_sense_and_sensibility.wav"
 FERRUM = shutil.which("ferrum", path=str(Path(sys.executable).parent)) or "ferrum"
 
 
