@@ -9,12 +9,10 @@ counts; WER is the mean over the runs (openai-whisper's fallback sampling is not
 its text changes from run to run). The figures go to bench/results/latest.json. A
 benchmark, not a test: nothing here asserts a time.
 
-On the longform the bench also counts the copies of the clips that each system left out (see
-clips_missed), and the WER with every copy of the digit-string clip taken out of both texts: the
-WER charges a left-out sentence its words, but a digit string read in another format more. It
-also counts the copies of the digit string whose text holds exactly the digits spoken
-(digit_copies_right), which the WER cannot see. The same figures come for a second joined
-file, the clips in reverse order 4 times (about 402 s): a check, with no target, that a WER
+The WER joins digits grouped only by spaces, commas or dashes before scoring, in the
+reference and the text alike (scored_words). On the longform the bench also counts the copies
+of the clips that each system left out (clips_missed). The same figures come for a second
+joined file, the clips in reverse order 4 times (about 402 s): a check, with no target, that a WER
 difference comes from the systems and not from the order of one file's clips.
 On x86 CPUs the longform also runs `ferrum --compute int8`, the opt-in encoder, beside the
 default; the targets judge the default.
@@ -188,15 +186,24 @@ def aligned(reference: list[str], hypothesis: list[str]) -> tuple[int, list[bool
     return prev[-1], found
 
 
-def wer(reference: str, hypothesis: str) -> float:
+DIGIT_GAP = re.compile(r"(?<=\d)[\s,\-]+(?=\d)")  # between digits: only spaces, commas or dashes
+
+
+def scored_words(text: str) -> list[str]:
+    """The words a text is scored by: digits grouped by spaces, commas or dashes joined first
+    ("1-0-0-0-1" and "10001" are the same number read aloud), then openai-whisper's English
+    normalizer, which also turns a spoken run ("one zero zero ...") into one number."""
     from whisper.normalizers import EnglishTextNormalizer
 
-    norm = EnglishTextNormalizer()
-    ref = norm(reference).split()
-    return aligned(ref, norm(hypothesis).split())[0] / max(len(ref), 1)
+    return EnglishTextNormalizer()(DIGIT_GAP.sub("", text)).split()
 
 
-DIGIT_CLIP = "en_digits_"  # spoken digits: each system writes them in its own format, which the WER scores
+def wer(reference: str, hypothesis: str) -> float:
+    ref = scored_words(reference)
+    return aligned(ref, scored_words(hypothesis))[0] / max(len(ref), 1)
+
+
+DIGIT_CLIP = "en_digits_"  # one spoken number: a digit wrong is the whole clip's one word wrong
 
 
 def _overlap(start: float, end: float, other_start: float, other_end: float) -> float:
@@ -206,17 +213,14 @@ def _overlap(start: float, end: float, other_start: float, other_end: float) -> 
 def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: list) -> list[str]:
     """The copies of clips in the longform that a system left out: fewer than a quarter of a
     copy's reference words found in its text, in order (a misread sentence keeps more). The
-    digit-string clip, whose words no system writes as its reference does, is left out when no
+    digit-string clip, one word that a digit wrong misses whole, is left out when no
     segment covers half a second of it."""
-    from whisper.normalizers import EnglishTextNormalizer
-
-    norm = EnglishTextNormalizer()
     words, owner = [], []
     for k, (clip, _, _) in enumerate(layout):
-        clip_words = norm(refs[clip]).split()
+        clip_words = scored_words(refs[clip])
         words += clip_words
         owner += [k] * len(clip_words)
-    _, found = aligned(words, norm(" ".join(text for _, _, text in segments)).split())
+    _, found = aligned(words, scored_words(" ".join(text for _, _, text in segments)))
     missed = []
     for k, (clip, start, end) in enumerate(layout):
         if DIGIT_CLIP in clip:
@@ -227,39 +231,6 @@ def clips_missed(layout: list[tuple[str, float, float]], refs: dict, segments: l
         if left_out:
             missed.append(f"{Path(clip).stem} at {start:.0f} s")
     return missed
-
-
-def _mostly_inside(start: float, end: float, spans: list[tuple[float, float]]) -> bool:
-    return sum(_overlap(start, end, a, b) for a, b in spans) > (end - start) / 2
-
-
-def without_clip(layout: list[tuple[str, float, float]], refs: dict, segments: list, name: str) -> tuple[str, str]:
-    """Reference and hypothesis with every copy of the clip `name` left out: the hypothesis
-    drops the segments that lie mostly inside one of those copies."""
-    spans = [(s, e) for clip, s, e in layout if name in clip]
-    reference = " ".join(refs[clip] for clip, _, _ in layout if name not in clip)
-    kept = [t for s, e, t in segments if not _mostly_inside(s, e, spans)]
-    return reference, " ".join(kept)
-
-
-SPOKEN_DIGITS = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine".split())}
-SPOKEN_DIGITS["oh"] = "0"
-
-
-def digits_of(text: str) -> str:
-    """The digits a text holds, written as figures or spoken one by one ("nine oh two")."""
-    return "".join(t if t.isdigit() else SPOKEN_DIGITS.get(t.lower(), "") for t in re.findall(r"\d|[A-Za-z]+", text))
-
-
-def digit_copies_right(layout: list[tuple[str, float, float]], refs: dict, segments: list) -> int:
-    """Copies of the digit-string clip whose segments hold exactly its reference's digits, in
-    order: what the WER cannot tell apart, since it scores each format of a digit string its own way."""
-    right = 0
-    for clip, start, end in layout:
-        if DIGIT_CLIP in clip:
-            text = " ".join(t for s, e, t in segments if _mostly_inside(s, e, [(start, end)]))
-            right += digits_of(text) == digits_of(refs[clip])
-    return right
 
 
 def ferrum_command() -> list[str]:
@@ -368,11 +339,6 @@ def main() -> None:
         if layout := audio["layouts"].get(scenario):
             row["clips_missed_each"] = [clips_missed(layout, audio["clip_refs"], r[3]) for r in runs]
             row["clips_missed"] = max(len(m) for m in row["clips_missed_each"])
-            cut = [without_clip(layout, audio["clip_refs"], r[3], DIGIT_CLIP) for r in runs]
-            row["wer_without_digit_clip"] = round(sum(wer(a, b) for a, b in cut) / len(cut), 4)
-            row["digit_copies_right_each"] = [digit_copies_right(layout, audio["clip_refs"], r[3]) for r in runs]
-            row["digit_copies_right"] = min(row["digit_copies_right_each"])
-            row["digit_copies"] = sum(DIGIT_CLIP in clip for clip, _, _ in layout)
         rows.append(row)
         console.print(
             f"  {scenario:<12} {system:<28} {row['x_realtime']:>6}x  {row['seconds']:>7.2f} s  "
@@ -493,18 +459,8 @@ def main() -> None:
         "longform vs faster-whisper": speedup(faster_name),
         "longform vs faster-whisper batched": speedup(faster_name + " batch 8"),
         "longform WER ferrum - openai": ferrum_minus_openai("longform", "wer"),
-        "longform WER without the digit clip, ferrum - openai": ferrum_minus_openai(
-            "longform", "wer_without_digit_clip"
-        ),
         "longform clip copies missed by ferrum": ours["clips_missed"],
-        "longform digit-string copies read digit for digit, ferrum": ours["digit_copies_right"],
-        "longform digit-string copies read digit for digit, openai": by[("longform", openai_name)][
-            "digit_copies_right"
-        ],
         "reversed WER ferrum - openai": ferrum_minus_openai("reversed", "wer"),
-        "reversed WER without the digit clip, ferrum - openai": ferrum_minus_openai(
-            "reversed", "wer_without_digit_clip"
-        ),
         "reversed clip copies missed by ferrum": by[("reversed", "ferrum")]["clips_missed"],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
         "cold start seconds": by[("cold start", "ferrum")]["seconds"],
@@ -525,7 +481,7 @@ def main() -> None:
     if not on_cpu:
         targets = {}  # the issue's targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
-    columns = ("scenario", "system", "x real time", "seconds", "WER", "WER w/o digits", "missed", "digits right")
+    columns = ("scenario", "system", "x real time", "seconds", "WER", "missed")
     for col in (*columns, "peak RSS"):
         table.add_column(col, justify="right" if col not in ("scenario", "system") else "left")
     for r in rows:
@@ -535,9 +491,7 @@ def main() -> None:
             f"{r['x_realtime']}x",
             f"{r['seconds']:.2f}",
             "-" if r["wer"] is None else f"{r['wer'] * 100:.1f}%",
-            f"{r['wer_without_digit_clip'] * 100:.1f}%" if "wer_without_digit_clip" in r else "-",
             str(r["clips_missed"]) if "clips_missed" in r else "-",
-            f"{r['digit_copies_right']}/{r['digit_copies']}" if "digit_copies" in r else "-",
             f"{r['peak_rss_mb']} MB",
         )
     console.print(table)
