@@ -19,7 +19,7 @@ def ffmpeg_on_path() -> None:
     """openai-whisper and faster-whisper call `ffmpeg` by name; give them ferrum's."""
     import tempfile
 
-    from ferrum_cli.audio import find_ffmpeg
+    from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
     folder = tempfile.mkdtemp(prefix="bench_ffmpeg_")
     os.symlink(find_ffmpeg().path, os.path.join(folder, "ffmpeg"))

@@ -78,7 +78,7 @@ def joined(clips: list[str], decoded: list[np.ndarray], times: int) -> tuple[np.
 
 
 def build_audio(work: Path) -> dict:
-    from ferrum_cli.audio import decode_file
+    from ferrum_cli.audio.ffmpeg import decode_file
 
     rows = english_rows()
     clips = [str(CORPUS / r["file"]) for r in rows]
@@ -110,8 +110,8 @@ def build_models(work: Path, with_ct2: bool) -> dict:
     """The same weights for everyone: openai's .pt and a CTranslate2 folder, from the base pack."""
     import torch
 
-    from ferrum_cli.packs import PACKS, read_pack
-    from ferrum_cli.resolve import resolve
+    from ferrum_cli.weights.packs import PACKS, read_pack
+    from ferrum_cli.weights.resolve import resolve
 
     weights = resolve("base")
     pt = work / "base.pt"
@@ -254,7 +254,8 @@ def cpu_description() -> str:
     """Model name and the widest vector unit torch uses: the same code runs 5x apart across these."""
     import torch
 
-    from ferrum_cli.devices import cpu_auto_compute, cpu_has_native_bf16, cpu_name
+    from ferrum_cli.engine.encoder import cpu_auto_compute
+    from ferrum_cli.platform.cpu import cpu_has_native_bf16, cpu_name
 
     bf16 = ", bfloat16 instructions" if cpu_has_native_bf16() else ""
     return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}{bf16}; ferrum computes in {cpu_auto_compute()})"
@@ -374,7 +375,7 @@ def main() -> None:
         return run
 
     lf, lf_s, lf_ref = audio["longform"], audio["longform_seconds"], audio["longform_ref"]
-    from ferrum_cli.quantize import int8_available
+    from ferrum_cli.platform.cpu import int8_available
 
     with_int8 = on_cpu and int8_available()  # opt-in, so shown beside the default, not in the targets
     console.print(f"[b]longform[/b] ({lf_s:.0f} s): the 12 English clips joined 6 times, best time of {ROUNDS}")

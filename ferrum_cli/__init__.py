@@ -1,10 +1,13 @@
-"""ferrum-cli: fast, careful Whisper speech-to-text on the command line."""
+"""ferrum-cli: fast, careful Whisper speech-to-text. The library's API is here: the executor,
+its options and its results; ferrum_cli.errors has the typed errors."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import deferred_numba
+from .options import TranscribeOptions, VadOptions
+from .platform import deferred_numba
+from .results import Segment, Transcription
 
 __version__ = "0.1.0"
 
@@ -13,7 +16,7 @@ deferred_numba.install()
 if TYPE_CHECKING:
     from .executor import WhisperModelExecutor
 
-__all__ = ["WhisperModelExecutor", "__version__"]
+__all__ = ["Segment", "TranscribeOptions", "Transcription", "VadOptions", "WhisperModelExecutor", "__version__"]
 
 
 def __getattr__(name: str):

@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .audio import AudioStream
+from .audio.ffmpeg import AudioStream
 from .errors import ExecutorStateError, FerrumError, UsageError
-from .transcribe import Segment, TranscribeOptions, Transcription
+from .options import MAX_BATCH_SIZE, TranscribeOptions
+from .results import Segment, Transcription
 
 
 @dataclass
@@ -54,15 +55,7 @@ class WhisperModelExecutor:
     @classmethod
     def from_path(cls, model_path: str = "base", device: str = "auto", dtype: str = "auto") -> WhisperModelExecutor:
         """Load from a model name, an openai .pt, a Hugging Face or CTranslate2 directory."""
-        from .devices import choose, torch_dtype
-        from .model import build_model
-        from .resolve import resolve
-
-        placement = choose(device, dtype)
-        weights = resolve(model_path)
-        info = _weights_info(weights)
-        model = build_model(weights, placement.device, torch_dtype(placement.dtype))
-        return cls(model, info, placement.device, placement.dtype)
+        return _load(model_path, device, dtype)[0]
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -73,7 +66,7 @@ class WhisperModelExecutor:
 
     def check_options(self, options: TranscribeOptions) -> None:
         """A bad --compute, and for an English-only model other languages and translation, are refused up front."""
-        from .devices import check_compute
+        from .engine.encoder import check_compute
 
         check_compute(options.compute)
         if self._require_model().is_multilingual:
@@ -85,12 +78,13 @@ class WhisperModelExecutor:
             raise UsageError(f"model {name} is English-only; it cannot translate")
 
     def warmup(self) -> float:
-        """One real forward pass (encoder and a decoder step) on 30 s of silence; returns seconds."""
+        """One real forward pass (the encoder and the decoder's steps) on 1 s of noise; returns seconds."""
         import numpy as np
+
+        from .engine.batched import transcribe_batched
 
         model = self._require_model()
         start = time.perf_counter()
-        from .batched import transcribe_batched
 
         noise = np.random.default_rng(0).normal(0, 0.05, 16000).astype(np.float32)
         transcribe_batched(model, [noise], TranscribeOptions(language="en", temperature=(0.0,), vad=False))
@@ -124,9 +118,9 @@ class WhisperModelExecutor:
         on_warning: Callable[[str], None] | None = None,
     ) -> Transcription:
         """The rich call: segments, language with its probability, duration, options."""
-        from .audio import decode_bytes, decode_file, stream_file
-        from .batched import transcribe_batched
-        from .sequential import transcribe_sequential
+        from .audio.ffmpeg import decode_bytes, decode_file, stream_file
+        from .engine.batched import transcribe_batched
+        from .engine.sequential import transcribe_sequential
 
         model = self._require_model()
         options = options or TranscribeOptions()
@@ -171,8 +165,8 @@ class WhisperModelExecutor:
         The batched engine decodes windows of several inputs together; an input that fails comes
         back as its error and the rest go on.
         """
-        from .audio import decode_bytes, stream_file
-        from .batched import transcribe_stream
+        from .audio.ffmpeg import decode_bytes, stream_file
+        from .engine.batched import BatchedEngine
 
         model = self._require_model()
         options = options or TranscribeOptions()
@@ -204,8 +198,8 @@ class WhisperModelExecutor:
         with self._lock:
             self._state = "busy"
             try:
-                stream = transcribe_stream(model, ((k, opener(s)) for k, s in items), options, on_segment, on_progress)
-                for key, result in stream:
+                engine = BatchedEngine(model, options)
+                for key, result in engine.run(((k, opener(s)) for k, s in items), on_segment, on_progress):
                     if isinstance(result, FerrumError):
                         self._counters.errors += 1
                     else:
@@ -221,14 +215,22 @@ class WhisperModelExecutor:
         c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
 
     def detect_language(self, audio: str | os.PathLike[str] | bytes) -> tuple[str, float]:
-        """(language code, probability) over several speech windows; ('und', 0.0) when there is no speech."""
-        from .audio import decode_bytes, stream_file
-        from .transcribe import identify_language
+        """(language code, probability) from up to three speech windows of the first batch; ('und', 0.0)
+        when there is no speech."""
+        import itertools
+
+        from .audio.ffmpeg import decode_bytes, stream_file
+        from .audio.windows import plan_windows
+        from .engine.encoder import plan_compute
+        from .engine.language import detect_language
 
         model = self._require_model()
+        options = TranscribeOptions()
         chunks = [decode_bytes(bytes(audio)).samples] if isinstance(audio, (bytes, bytearray)) else stream_file(audio)
         with self._lock:
-            return identify_language(model, chunks, TranscribeOptions())
+            windows = plan_windows(chunks, options.vad, options.vad_options)
+            first = [w for _, w in itertools.islice(windows, options.batch_size)]
+            return detect_language(model, first, plan_compute(model, options).encoder)
 
     def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
         return self.transcribe(audio_path, TranscribeOptions(language=language)).text
@@ -244,7 +246,7 @@ class WhisperModelExecutor:
         return _describe(self._info, params, self.device, self.dtype)
 
     def capabilities(self) -> dict:
-        from .devices import DTYPES, available_devices, dtype_supported
+        from .platform.devices import DTYPES, available_devices, dtype_supported
 
         dims = self._info["dims"]
         element = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
@@ -257,7 +259,7 @@ class WhisperModelExecutor:
             "tasks": ["transcribe", "translate"] if dims["n_vocab"] >= 51865 else ["transcribe"],
             "word_timestamps": True,
             "alignment_heads_known": self._info.get("alignment_heads_known", False),
-            "max_batch_size": 32,
+            "max_batch_size": MAX_BATCH_SIZE,
             "devices": available_devices(),
             "dtypes": {d: [t for t in DTYPES if dtype_supported(d, t)] for d in available_devices()},
             "memory": {"parameter_bytes": params * element, "activation_bytes_per_window": activation},
@@ -337,7 +339,7 @@ def _describe(weights_info: dict, params: int | None, device: str | None, dtype:
 
 
 def _weights_info(weights) -> dict:
-    from .resolve import openai_alignment_heads
+    from .weights.locations import openai_alignment_heads
 
     if not weights.alignment_heads and weights.name:
         weights.alignment_heads = openai_alignment_heads(
@@ -356,7 +358,7 @@ def _weights_info(weights) -> dict:
 
 def describe_model(model_path: str) -> dict:
     """info() without building the model or touching a device: reads the weights only."""
-    from .resolve import resolve
+    from .weights.resolve import resolve
 
     weights = resolve(model_path)
     params = sum(t.numel() for t in weights.state_dict.values())
@@ -366,27 +368,32 @@ def describe_model(model_path: str) -> dict:
 def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto") -> dict:
     """Resolve (converting and caching if needed), load, and run one forward pass, timing each."""
     start = time.perf_counter()
-    from .devices import choose, torch_dtype
-    from .model import build_model
-    from .resolve import resolve
-
-    placement = choose(device, dtype)
-    weights = resolve(model_path)
-    resolved = time.perf_counter()
-    info = _weights_info(weights)
-    executor = WhisperModelExecutor(
-        build_model(weights, placement.device, torch_dtype(placement.dtype)), info, placement.device, placement.dtype
-    )
+    executor, resolve_seconds = _load(model_path, device, dtype)
     loaded = time.perf_counter()
     forward = executor.warmup()
+    info = executor.info()
     return {
         "model": info["name"],
         "format": info["format"],
         "source": info["source"],
-        "device": placement.device,
-        "dtype": placement.dtype,
-        "resolve_seconds": round(resolved - start, 3),
-        "load_seconds": round(loaded - resolved, 3),
+        "device": executor.device,
+        "dtype": executor.dtype,
+        "resolve_seconds": round(resolve_seconds, 3),
+        "load_seconds": round(loaded - start - resolve_seconds, 3),
         "forward_seconds": round(forward, 3),
         "total_seconds": round(time.perf_counter() - start, 3),
     }
+
+
+def _load(model_path: str, device: str, dtype: str) -> tuple[WhisperModelExecutor, float]:
+    """The executor of a model on the device and dtype chosen, and the seconds resolving took."""
+    from .engine.model import build_model
+    from .platform.devices import choose, torch_dtype
+    from .weights.resolve import resolve
+
+    start = time.perf_counter()
+    placement = choose(device, dtype)
+    weights = resolve(model_path)
+    resolve_seconds = time.perf_counter() - start
+    model = build_model(weights, placement.device, torch_dtype(placement.dtype))
+    return WhisperModelExecutor(model, _weights_info(weights), placement.device, placement.dtype), resolve_seconds

@@ -8,17 +8,15 @@ import os
 from pathlib import Path
 from typing import IO
 
-from .cache import atomic_write_bytes
-from .errors import OutputError
-from .transcribe import Segment, Transcription
+from .errors import OutputError, UsageError
+from .platform.files import atomic_write_bytes
+from .results import Segment, Transcription
 
 FORMATS = ("txt", "srt", "vtt", "json", "tsv", "jsonl")
 
 
 def parse_formats(values: list[str]) -> list[str]:
     """Repeatable and comma-separated; 'all' means every format."""
-    from .errors import UsageError
-
     out: list[str] = []
     for value in values:
         for item in value.split(","):

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from ferrum_cli.audio import SAMPLE_RATE, decode_file
-from ferrum_cli.batched import repetition_loop
-from ferrum_cli.transcribe import TranscribeOptions
-from ferrum_cli.vad import VadOptions, speech_regions
+from ferrum_cli.audio.constants import SAMPLE_RATE
+from ferrum_cli.audio.ffmpeg import decode_file
+from ferrum_cli.audio.vad import speech_regions
+from ferrum_cli.engine.fallback import repetition_loop
+from ferrum_cli.options import TranscribeOptions, VadOptions
 
 from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum, wav_bytes, words
 

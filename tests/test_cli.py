@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ferrum_cli.quantize import int8_available
+from ferrum_cli.platform.cpu import int8_available
 
 from .conftest import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
 

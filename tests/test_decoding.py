@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ferrum_cli.decoding import StaticCacheInference
+from ferrum_cli.engine.decoding import StaticCacheInference
 
 from .conftest import JFK, corpus, needs_corpus
 
@@ -14,7 +14,7 @@ from .conftest import JFK, corpus, needs_corpus
 def test_folded_cross_attention_gives_openai_whisper_logits(executor):
     from whisper.audio import log_mel_spectrogram, pad_or_trim
 
-    from ferrum_cli.audio import decode_file
+    from ferrum_cli.audio.ffmpeg import decode_file
 
     model = executor._model
     mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
@@ -35,7 +35,7 @@ def test_blank_suppression_masks_what_openai_whisper_masks():
     from whisper.decoding import SuppressBlank
     from whisper.tokenizer import get_tokenizer
 
-    from ferrum_cli.decoding import BlankSuppression
+    from ferrum_cli.engine.decoding import BlankSuppression
 
     tokenizer = get_tokenizer(True, num_languages=99, language="en", task="transcribe")
     first_step, later_step = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long)
@@ -54,8 +54,8 @@ def test_decoding_to_its_sample_length_fits_caches_sized_for_it(executor):
     """The static caches hold initial tokens + sample_len positions, not all 448."""
     from whisper.decoding import DecodingOptions
 
-    from ferrum_cli.audio import decode_file
-    from ferrum_cli.transcribe import encode_windows
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.encoder import encode_windows
 
     model = executor._model
     features = encode_windows(model, [decode_file(corpus(JFK)).samples], "bfloat16")
@@ -69,7 +69,7 @@ def test_decoding_to_its_sample_length_fits_caches_sized_for_it(executor):
 def test_end_of_text_is_masked_only_where_a_segment_just_closed_before_more_speech():
     from whisper.tokenizer import get_tokenizer
 
-    from ferrum_cli.decoding import SpeechContinuation
+    from ferrum_cli.engine.decoding import SpeechContinuation
 
     tokenizer = get_tokenizer(True, num_languages=99, language="en", task="transcribe")
     stamp = tokenizer.timestamp_begin
@@ -105,8 +105,9 @@ def test_a_row_told_that_speech_goes_on_does_not_end_before_it_while_other_rows_
     from whisper.decoding import DecodingOptions
     from whisper.tokenizer import get_tokenizer
 
-    from ferrum_cli.audio import SAMPLE_RATE, decode_file
-    from ferrum_cli.transcribe import encode_windows
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.encoder import encode_windows
 
     model = executor._model
     jfk = decode_file(corpus(JFK)).samples
@@ -131,8 +132,9 @@ def test_best_of_n_sampling_decodes_each_window_of_a_batch(executor):
     the batched engine's loop needs one feature row per candidate."""
     from whisper.decoding import DecodingOptions
 
-    from ferrum_cli.audio import SAMPLE_RATE, decode_file
-    from ferrum_cli.transcribe import encode_windows
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.encoder import encode_windows
 
     model = executor._model
     jfk = decode_file(corpus(JFK)).samples
@@ -155,7 +157,7 @@ def small_model(float16_exact: bool):
     """A two-layer Whisper with random weights; `float16_exact`: every weight a float16 value."""
     from whisper.model import ModelDimensions
 
-    from ferrum_cli.model import FerrumWhisper
+    from ferrum_cli.engine.model import FerrumWhisper
 
     torch.manual_seed(0)
     dims = ModelDimensions(80, 1500, 64, 2, 2, 51865, 448, 64, 2, 2)
@@ -170,7 +172,7 @@ def small_model(float16_exact: bool):
 
 @x86_fbgemm
 def test_float16_weight_products_are_taken_only_where_float16_holds_the_weights_and_rows_repay_packing():
-    from ferrum_cli.decoding import _half_weight_products
+    from ferrum_cli.engine.decoding import _half_weight_products
 
     assert _half_weight_products(small_model(float16_exact=False), pack=True) is None  # no weight is rounded
     model = small_model(float16_exact=True)
@@ -193,7 +195,7 @@ def test_a_batch_on_float16_weight_products_gives_openai_whisper_logits(executor
     """The pack's weights are float16, so the float32 decoder's products may read them as such."""
     from whisper.audio import log_mel_spectrogram, pad_or_trim
 
-    from ferrum_cli.audio import decode_file
+    from ferrum_cli.audio.ffmpeg import decode_file
 
     model = executor._model
     mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
@@ -216,7 +218,7 @@ def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
     stay within bfloat16's rounding of openai-whisper's, and every step picks the same token."""
     from whisper.audio import log_mel_spectrogram, pad_or_trim
 
-    from ferrum_cli.audio import decode_file
+    from ferrum_cli.audio.ffmpeg import decode_file
 
     model = executor._model
     mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]

@@ -7,20 +7,22 @@ import json
 import pytest
 import torch
 
-from ferrum_cli import devices
-from ferrum_cli.quantize import Int8Linear, full_range_activations, int8_available
+from ferrum_cli.engine import encoder
+from ferrum_cli.engine.quantize import Int8Linear
+from ferrum_cli.platform import cpu
+from ferrum_cli.platform.cpu import full_range_activations, int8_available
 
 
 def test_auto_compute_is_measured_once_per_machine_and_remembered(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
-    first = devices.cpu_auto_compute()
+    first = encoder.cpu_auto_compute()
     remembered = list((tmp_path / "derived").glob("cpu-bfloat16-faster-*.json"))
-    if not devices.cpu_has_native_bf16():
+    if not cpu.cpu_has_native_bf16():
         assert first == "float32" and remembered == []  # no bfloat16 instructions: nothing to measure
         return
     assert len(remembered) == 1 and json.loads(remembered[0].read_text()) is (first == "bfloat16")
     remembered[0].write_text(json.dumps(first != "bfloat16"))  # a later run reads the answer, not the clock
-    assert devices.cpu_auto_compute() != first
+    assert encoder.cpu_auto_compute() != first
 
 
 @pytest.mark.skipif(not int8_available(), reason="int8 products need torch's fbgemm engine (x86)")

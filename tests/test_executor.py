@@ -9,9 +9,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from ferrum_cli.audio import SAMPLE_RATE, decode_file
+from ferrum_cli.audio.constants import SAMPLE_RATE
+from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
-from ferrum_cli.transcribe import TranscribeOptions
+from ferrum_cli.options import TranscribeOptions
 
 from .conftest import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
 
@@ -111,8 +112,8 @@ def test_sequential_mode_matches_openai_whisper_on_every_english_clip(executor):
     import whisper
     from whisper.model import Whisper
 
-    from ferrum_cli.audio import decode_file
-    from ferrum_cli.resolve import resolve
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.weights.resolve import resolve
 
     weights = resolve("base")
     reference = Whisper(whisper.model.ModelDimensions(**weights.dims))
@@ -131,7 +132,7 @@ def test_sequential_mode_matches_openai_whisper_on_every_english_clip(executor):
 def test_cached_non_speech_tokens_equal_openai_whispers():
     from whisper.tokenizer import Tokenizer, get_encoding
 
-    from ferrum_cli.transcribe import get_tokenizer
+    from ferrum_cli.engine.tokenizer import get_tokenizer
 
     ours = get_tokenizer(True, num_languages=99, language="en", task="transcribe").non_speech_tokens
     fresh = Tokenizer(get_encoding("multilingual", 99), num_languages=99, language="en", task="transcribe")
@@ -143,7 +144,7 @@ def test_voice_activity_detection_leaves_torch_on_every_core():
     halved the speed of the encoder and the decoder."""
     script = (
         "import numpy as np, torch; torch.set_num_threads(2); "
-        "from ferrum_cli.vad import speech_regions; speech_regions(np.zeros(16000, np.float32)); "
+        "from ferrum_cli.audio.vad import speech_regions; speech_regions(np.zeros(16000, np.float32)); "
         "print(torch.get_num_threads())"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
@@ -157,7 +158,7 @@ def test_numba_is_imported_only_when_words_are_aligned():
         f"""
         import sys
         from ferrum_cli import WhisperModelExecutor
-        from ferrum_cli.transcribe import TranscribeOptions
+        from ferrum_cli.options import TranscribeOptions
         executor = WhisperModelExecutor.from_path("base", device="cpu")
         executor.transcribe({str(SAMPLE)!r}, TranscribeOptions(language="en"))
         print("numba" in sys.modules)
@@ -202,7 +203,8 @@ def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
 
 
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
-    from ferrum_cli.vad import VadOptions, speech_regions, speech_regions_and_core_many
+    from ferrum_cli.audio.vad import speech_regions, speech_regions_and_core_many
+    from ferrum_cli.options import VadOptions
 
     clips = [decode_file(r["path"]).samples for r in corpus_rows()[:8]] or pytest.skip("no corpus")
     clips.append(np.zeros(0, np.float32))

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferrum_cli.ct2 import read_model_bin
+from ferrum_cli.batch.inputs import _safe_relative, expand
 from ferrum_cli.errors import AudioDecodeError, FerrumError, ModelIntegrityError, OutputError, UsageError
-from ferrum_cli.inputs import _safe_relative, expand
+from ferrum_cli.weights.ct2 import read_model_bin
 from ferrum_cli.writers import check_inside, output_paths
 
 names = st.text(
@@ -143,7 +143,7 @@ def test_random_bytes_are_read_or_refused_by_the_model_reader(blob):
 
 def test_random_and_mutated_audio_bytes_end_in_a_typed_error_or_audio():
     """1,000 inputs through ffmpeg: random bytes, and a real WAV with bytes flipped or cut."""
-    from ferrum_cli.audio import decode_bytes
+    from ferrum_cli.audio.ffmpeg import decode_bytes
 
     rng = np.random.default_rng(11)
     tone = 0.2 * np.sin(np.arange(8000) / 5)

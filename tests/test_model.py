@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ferrum_cli.model import EncoderAttention, attention_by_head
+from ferrum_cli.engine.model import EncoderAttention, attention_by_head
 
 
 def test_attention_head_by_head_is_the_fused_attention_within_bfloat16_rounding():

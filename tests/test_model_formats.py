@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from ferrum_cli import WhisperModelExecutor
-from ferrum_cli.checkpoints import load_path
-from ferrum_cli.ct2 import read_model_bin
 from ferrum_cli.errors import ModelIntegrityError, ModelNotFoundError
-from ferrum_cli.packs import PACKS, pack_files, read_pack
-from ferrum_cli.resolve import resolve
+from ferrum_cli.weights.checkpoints import load_path
+from ferrum_cli.weights.ct2 import read_model_bin
+from ferrum_cli.weights.packs import PACKS, pack_files, read_pack
+from ferrum_cli.weights.resolve import resolve
 
 from .conftest import JFK, corpus, needs_corpus, words
 
@@ -102,7 +102,7 @@ def hf_dir(tmp_path_factory, base_weights):
 def _mel_and_tokens():
     from whisper.audio import log_mel_spectrogram, pad_or_trim
 
-    from ferrum_cli.audio import decode_file
+    from ferrum_cli.audio.ffmpeg import decode_file
 
     path = corpus(JFK)
     mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(path).samples)), 3000)[None]
@@ -154,7 +154,7 @@ def test_ct2_reader_unfuses_attention_and_aliases_the_projection(ct2_dir):
 
 def test_int8_ct2_weights_are_dequantized():
     """A synthetic int8 variable with weight_scale reads back as q / scale."""
-    from ferrum_cli.ct2 import _dequantized
+    from ferrum_cli.weights.ct2 import _dequantized
 
     q = np.array([[10, -20], [30, 40]], np.int8)
     scale = np.array([10.0, 20.0], np.float32)
@@ -226,7 +226,7 @@ def test_missing_model_offline_names_the_pack(monkeypatch):
 
 
 def test_corrupt_cache_is_detected_and_rebuilt(tmp_path, monkeypatch, caplog):
-    from ferrum_cli import cache
+    from ferrum_cli.weights import cache
 
     monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
     first = resolve("base")
@@ -243,7 +243,7 @@ def test_corrupt_cache_is_detected_and_rebuilt(tmp_path, monkeypatch, caplog):
 
 def test_cache_checked_early_still_catches_a_file_changed_after_the_check(tmp_path, monkeypatch):
     """transcribe hashes the cache while torch imports; a file changed after that is hashed again."""
-    from ferrum_cli import cache
+    from ferrum_cli.weights import cache
 
     monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
     resolve("base")
@@ -265,7 +265,7 @@ def test_second_process_loads_base_from_the_cache_quickly():
     """Measured, not asserted on time (CI is noisy): the figure goes in the notes."""
     resolve("base")
     code = (
-        "import time; t=time.perf_counter(); from ferrum_cli.resolve import resolve; "
+        "import time; t=time.perf_counter(); from ferrum_cli.weights.resolve import resolve; "
         "w=resolve('base'); print(w.format, time.perf_counter()-t)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

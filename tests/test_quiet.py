@@ -9,9 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from ferrum_cli.audio import SAMPLE_RATE, decode_file
-from ferrum_cli.level import NORMAL_LEVEL, frame_levels, raised_for_vad, raised_spans
-from ferrum_cli.transcribe import TranscribeOptions
+from ferrum_cli.audio.constants import SAMPLE_RATE
+from ferrum_cli.audio.ffmpeg import decode_file
+from ferrum_cli.audio.level import NORMAL_LEVEL, frame_levels, raised_for_vad, raised_spans
+from ferrum_cli.options import TranscribeOptions
 
 from .conftest import JFK, corpus, corpus_rows, errors_against, float_wav_bytes, needs_corpus, run_ferrum, wav_bytes
 from .test_accuracy import _sentence_survives

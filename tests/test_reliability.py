@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ferrum_cli.audio import find_ffmpeg
+from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
 from .conftest import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
 
@@ -288,9 +288,10 @@ def test_a_thousand_files_one_model_load_and_flat_memory(tmp_path):
 
 def test_audio_is_streamed_and_windows_are_planned_with_bounded_look_ahead(tmp_path):
 
-    from ferrum_cli.audio import SAMPLE_RATE, decode_file, stream_file
-    from ferrum_cli.vad import VadOptions
-    from ferrum_cli.windows import BLOCK, plan_windows
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file, stream_file
+    from ferrum_cli.audio.windows import BLOCK, plan_windows
+    from ferrum_cli.options import VadOptions
 
     long = tmp_path / "ten_minutes.wav"
     _ffmpeg("-stream_loop", "54", "-i", str(corpus(JFK)), "-ac", "1", "-ar", "16000", str(long))
@@ -314,7 +315,7 @@ def test_audio_is_streamed_and_windows_are_planned_with_bounded_look_ahead(tmp_p
 def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same():
     """The CLI starts ffmpeg for the first inputs before the model loads. A clip of up to 16 s
     decodes whole into the pipe with nobody reading, and reads back sample for sample."""
-    from ferrum_cli.audio import stream_file
+    from ferrum_cli.audio.ffmpeg import stream_file
 
     started = stream_file(SAMPLE).start()
     started._started.wait(timeout=60)  # it would block on a full pipe, and time out, if the pipe were not wide enough
@@ -322,7 +323,7 @@ def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same():
 
 
 def test_a_started_stream_left_unread_is_stopped(tmp_path):
-    from ferrum_cli.audio import stream_file
+    from ferrum_cli.audio.ffmpeg import stream_file
 
     long = tmp_path / "two_minutes.wav"
     _ffmpeg("-stream_loop", "10", "-i", str(corpus(JFK)), "-ac", "1", "-ar", "16000", str(long))
@@ -352,7 +353,7 @@ def test_sixty_minutes_through_the_cli(tmp_path):
 
 
 def test_a_signal_while_one_input_is_written_waits_until_all_its_outputs_are():
-    from ferrum_cli.batch import _signals_held
+    from ferrum_cli.batch.runner import _signals_held
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt

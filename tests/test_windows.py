@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ferrum_cli.audio import SAMPLE_RATE, decode_file
-from ferrum_cli.vad import VadOptions
-from ferrum_cli.windows import WINDOW, plan_whole, plan_windows
+from ferrum_cli.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from ferrum_cli.audio.ffmpeg import decode_file
+from ferrum_cli.audio.windows import plan_whole, plan_windows
+from ferrum_cli.options import VadOptions
 
 from .conftest import JFK, corpus, needs_corpus
 
@@ -21,7 +22,7 @@ def test_of_equally_deep_pauses_the_last_is_cut_so_windows_come_out_full():
     audio = np.concatenate([speech, gap] * 10)
     windows = list(plan_windows([audio], True, VadOptions()))
     lengths = [len(samples) for _, samples in windows]
-    assert all(n <= WINDOW for n in lengths)
+    assert all(n <= WINDOW_SAMPLES for n in lengths)
     assert all(n >= 20 * SAMPLE_RATE for n in lengths[:-1]), [n / SAMPLE_RATE for n in lengths]
     for offset, _ in windows[1:]:  # every cut falls in a pause
         assert int(offset * SAMPLE_RATE) % period >= len(speech) - SAMPLE_RATE // 10
@@ -40,7 +41,7 @@ def test_an_input_that_fits_one_window_is_read_whole_as_openai_whisper_reads_it(
     (whole, core), (split, _), (nothing, _) = plan_whole([short, longer, silent], True, VadOptions())
     assert [(offset, len(samples)) for offset, samples in whole] == [(0.0, len(short))]
     assert core[0][0] >= 1.5 * SAMPLE_RATE  # the speech regions stay where the speech is
-    assert len(longer) > WINDOW and len(split) == 2 and split[0][0] > 1.0  # over 30 s: windows of speech
+    assert len(longer) > WINDOW_SAMPLES and len(split) == 2 and split[0][0] > 1.0  # over 30 s: windows of speech
     assert nothing == []  # no speech, no window
     ((per_stretch, _),) = plan_whole([short], True, VadOptions(), merge=False)
     assert len(per_stretch) == 2  # multilingual mode reads each stretch of speech apart
@@ -50,7 +51,7 @@ def test_an_input_that_fits_one_window_is_read_whole_as_openai_whisper_reads_it(
 def test_planning_records_the_speech_that_tails_are_checked_against():
     """The engine asks whether the rest of a window holds speech from the regions VAD found
     while planning, instead of running VAD again: those regions must be the speech itself."""
-    from ferrum_cli.vad import speech_regions, speech_within
+    from ferrum_cli.audio.vad import speech_regions, speech_within
 
     speech = decode_file(corpus(JFK)).samples
     silence = np.zeros(3 * SAMPLE_RATE, np.float32)
@@ -64,7 +65,7 @@ def test_planning_records_the_speech_that_tails_are_checked_against():
 
 
 def test_speech_within_counts_overlapping_regions_once():
-    from ferrum_cli.vad import speech_within
+    from ferrum_cli.audio.vad import speech_within
 
     overlapping = [(0, 100), (50, 150), (300, 400)]  # blocks are planned with overlap
     assert speech_within(overlapping, 0, 1000) == 250
@@ -73,7 +74,7 @@ def test_speech_within_counts_overlapping_regions_once():
 
 
 def test_speech_after_each_timestamp_is_what_speech_within_counts_from_there():
-    from ferrum_cli.vad import speech_after, speech_within
+    from ferrum_cli.audio.vad import speech_after, speech_within
 
     overlapping = [(0, 100), (50, 150), (300, 400)]
     for start, end in ((0, 1000), (120, 350), (0, 95), (500, 500)):
@@ -84,9 +85,9 @@ def test_speech_after_each_timestamp_is_what_speech_within_counts_from_there():
 
 def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them():
     """An input's regions would grow with its length; the planner keeps adding to the same list."""
-    from ferrum_cli.batched import _File
+    from ferrum_cli.engine.batched import Source
 
-    file = _File("input")
+    file = Source("input")
     planner_view = file.speech
     file.speech.extend([(0, 100), (90, 300), (500, 800)])
     file.forget_speech_before(250)
@@ -95,12 +96,12 @@ def test_speech_regions_are_forgotten_in_place_once_no_window_can_ask_for_them()
 
 
 def test_a_tail_that_only_reads_the_last_words_again_is_recognised():
-    from ferrum_cli.batched import _repeats_the_end
+    from ferrum_cli.engine.segments import repeats_the_end
 
     before = " Ask what you can do for your country"
-    assert _repeats_the_end(" country.", before)
-    assert _repeats_the_end(" your Country!", before)
-    assert not _repeats_the_end(" 1455.", " the Gutenberg or 42 line Bible of about")
-    assert not _repeats_the_end(" country, and the world.", before)  # it goes on: new words
-    assert not _repeats_the_end(" can do for your country", before)  # more than the last few words
-    assert not _repeats_the_end(" ...", before)
+    assert repeats_the_end(" country.", before)
+    assert repeats_the_end(" your Country!", before)
+    assert not repeats_the_end(" 1455.", " the Gutenberg or 42 line Bible of about")
+    assert not repeats_the_end(" country, and the world.", before)  # it goes on: new words
+    assert not repeats_the_end(" can do for your country", before)  # more than the last few words
+    assert not repeats_the_end(" ...", before)

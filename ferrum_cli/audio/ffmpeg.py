@@ -1,0 +1,250 @@
+"""Audio in: find ffmpeg, decode any input to 16 kHz mono float32, stream long files."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AudioDecodeError, FFmpegNotFoundError, InputError
+from .constants import SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class FFmpegInfo:
+    path: str
+    source: str  # "FERRUM_FFMPEG", "PATH" or "imageio-ffmpeg"
+
+
+@lru_cache(maxsize=1)
+def find_ffmpeg() -> FFmpegInfo:
+    """FERRUM_FFMPEG, then PATH, then the static binary that imageio-ffmpeg ships."""
+    override = os.environ.get("FERRUM_FFMPEG")
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise FFmpegNotFoundError(f"FERRUM_FFMPEG={override!r} is not an executable file")
+        return FFmpegInfo(override, "FERRUM_FFMPEG")
+    on_path = shutil.which("ffmpeg")
+    if on_path:
+        return FFmpegInfo(on_path, "PATH")
+    try:
+        import imageio_ffmpeg
+
+        return FFmpegInfo(imageio_ffmpeg.get_ffmpeg_exe(), "imageio-ffmpeg")
+    except Exception as exc:  # imageio-ffmpeg raises RuntimeError when its binary is missing
+        raise FFmpegNotFoundError(
+            f"ffmpeg not found on PATH and imageio-ffmpeg has none ({exc}); install ffmpeg or set FERRUM_FFMPEG"
+        ) from None
+
+
+def ffmpeg_version() -> str:
+    out = subprocess.run([find_ffmpeg().path, "-version"], capture_output=True, text=True, check=False).stdout
+    first = out.splitlines()[0] if out else ""
+    return first.split(" version ")[1].split()[0] if " version " in first else "unknown"
+
+
+def _decode_args(source: str, start: float | None = None) -> list[str]:
+    """ffmpeg's argument list, built with ffmpeg-python and never passed to a shell."""
+    import ffmpeg
+
+    in_kwargs = {"ss": f"{start:.3f}"} if start else {}
+    stream = ffmpeg.input(source, **in_kwargs).output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE)
+    return stream.global_args("-nostdin", "-hide_banner", "-nostats", "-v", "level+info").compile(
+        cmd=find_ffmpeg().path
+    )
+
+
+_TAG = re.compile(r"^(?:\[[^\]]* @ 0x[0-9a-f]+\] )*\[(\w+)\] (?:\[[^\]]* @ 0x[0-9a-f]+\] )*(.*)$")
+_DURATION = re.compile(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
+
+
+@dataclass
+class FFmpegLog:
+    """ffmpeg's stderr at `-v level+info`: its errors, and the duration the container declares."""
+
+    errors: list[str]
+    declared_seconds: float | None
+
+    @classmethod
+    def parse(cls, stderr: str) -> FFmpegLog:
+        errors, declared = [], None
+        for line in stderr.splitlines():
+            m = _TAG.match(line.strip())
+            if not m:
+                continue
+            level, text = m.groups()
+            if level in ("error", "fatal", "panic"):
+                errors.append(text.strip())
+            elif declared is None and (d := _DURATION.search(text)):
+                declared = int(d.group(1)) * 3600 + int(d.group(2)) * 60 + float(d.group(3))
+        return cls(errors, declared)
+
+    def reason(self, source: str) -> str:
+        """ffmpeg's own last complaint, without the input name it repeats."""
+        if not self.errors:
+            return "no audio decoded"
+        if any("does not contain any stream" in e or "matches no streams" in e for e in self.errors):
+            return "no audio stream"
+        line = self.errors[-1]
+        for prefix in (source + ": ", "pipe:0: ", "pipe:: "):
+            line = line.removeprefix(prefix)
+        return line.removeprefix("Decoding error: ")
+
+    def warning(self, decoded_seconds: float, source: str) -> str | None:
+        """Set when audio came out but not all of it: a truncated or damaged file."""
+        short = self.declared_seconds is not None and decoded_seconds < self.declared_seconds - 1.0
+        if not (self.errors or short):
+            return None
+        what = f"decoded {decoded_seconds:.1f} s"
+        if self.declared_seconds is not None:
+            what += f" of {self.declared_seconds:.1f} s"
+        return (
+            f"truncated or damaged input ({what}): {self.reason(source)}"
+            if self.errors
+            else f"truncated input ({what})"
+        )
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        raise InputError("permission denied") from None
+    except OSError:
+        raise InputError("no such file") from None
+    if os.path.isdir(path):
+        raise InputError("is a directory")
+    if not os.access(path, os.R_OK):
+        raise InputError("permission denied")
+    if st.st_size == 0:
+        raise AudioDecodeError("empty file")
+
+
+@dataclass
+class DecodedAudio:
+    samples: np.ndarray  # float32, mono, 16 kHz
+    warning: str | None = None  # set when ffmpeg complained but audio came out (truncated input)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """As one chunk, so decoded bytes and file streams feed the same engine."""
+        yield self.samples
+
+
+def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAudio:
+    proc = subprocess.run(
+        args,
+        input=data,
+        stdin=None if data is not None else subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    log = FFmpegLog.parse(proc.stderr.decode("utf-8", "replace"))
+    out = proc.stdout[: len(proc.stdout) - len(proc.stdout) % 4]
+    samples = np.frombuffer(out, np.float32)
+    if samples.size == 0:
+        raise AudioDecodeError(log.reason(source))
+    return DecodedAudio(samples.copy(), log.warning(samples.size / SAMPLE_RATE, source))
+
+
+def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
+    p = Path(path)
+    _check_readable(p)
+    source = os.path.abspath(p)  # an absolute name can never read as an ffmpeg option
+    return _run_decoder(_decode_args(source), source, None)
+
+
+def decode_bytes(data: bytes) -> DecodedAudio:
+    """Bytes go to ffmpeg on stdin: no temp file."""
+    if not data:
+        raise AudioDecodeError("empty input")
+    return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
+
+
+PIPE_BYTES = 1 << 20  # 16 s of audio: what a started ffmpeg may decode before anyone reads
+
+
+def _widen_pipe(pipe) -> None:
+    """Let ffmpeg run ahead of its reader by PIPE_BYTES; Linux only, and only as far as allowed."""
+    import fcntl
+
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
+        try:
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: the default pipe still works
+
+
+class AudioStream:
+    """float32 chunks as ffmpeg produces them, so memory does not grow with length.
+
+    start() spawns ffmpeg ahead of reading: a short input decodes whole into the pipe while
+    the caller loads the model on the other core. `warning` is set once the stream is
+    exhausted, if the input turned out truncated or damaged.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> None:
+        p = Path(path)
+        _check_readable(p)
+        self.source = os.path.abspath(p)
+        self.chunk_bytes = int(chunk_seconds * SAMPLE_RATE) * 4
+        self.warning: str | None = None
+        self._started: subprocess.Popen | None = None
+
+    def start(self) -> AudioStream:
+        if self._started is None:
+            self._started = self._spawn()
+        return self
+
+    def close(self) -> None:
+        """Stop an ffmpeg that start() spawned and nobody read."""
+        proc, self._started = self._started, None
+        if proc is not None:
+            proc.kill()
+            proc.communicate()
+
+    def _spawn(self) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            _decode_args(self.source), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        _widen_pipe(proc.stdout)
+        return proc
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        proc, self._started = self._started or self._spawn(), None
+        stderr_parts: list[bytes] = []
+        # drain stderr on the side: a damaged long file can fill the pipe and stall ffmpeg
+        drain = threading.Thread(target=lambda: stderr_parts.append(proc.stderr.read()), daemon=True)
+        drain.start()
+        total, finished = 0, False
+        try:
+            assert proc.stdout is not None
+            pending = b""
+            while buf := proc.stdout.read(self.chunk_bytes):
+                buf = pending + buf
+                usable = len(buf) - len(buf) % 4
+                pending = buf[usable:]
+                total += usable // 4
+                yield np.frombuffer(buf[:usable], np.float32).copy()
+            finished = True
+        finally:
+            if not finished:  # the reader stopped early (error, interrupt): stop ffmpeg too
+                proc.kill()
+            proc.stdout.close()
+            proc.wait()
+            drain.join()
+        log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"))
+        if total == 0:
+            raise AudioDecodeError(log.reason(self.source))
+        self.warning = log.warning(total / SAMPLE_RATE, self.source)
+
+
+def stream_file(path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> AudioStream:
+    return AudioStream(path, chunk_seconds)

@@ -1,0 +1,146 @@
+"""Voice activity detection with Silero VAD: where speech is, so silence is skipped and long
+audio is cut at pauses.
+
+Silero is a small recurrent model that reads 32 ms frames one after another, slowly; so the
+audio is cut into up to 128 streams of at least 2 s that overlap by 0.5 s, run as one batch
+(docs/performance.md). What it reads is raised to a normal level first (level.raised_for_vad).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import lru_cache
+
+import numpy as np
+
+from ..options import VadOptions
+from .constants import SAMPLE_RATE, VAD_FRAME
+from .level import raised_for_vad
+
+WARMUP_FRAMES = 16  # each stream first reads 0.5 s of the audio before it, to settle its state
+MIN_STREAM_FRAMES = 64  # each stream reads at least 2 s of its own
+
+
+@lru_cache(maxsize=1)
+def _silero():
+    """The silero_vad package. Its import calls torch.set_num_threads(1), which would halve the
+    speed of everything else on two cores: the thread count is put back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    import silero_vad
+
+    torch.set_num_threads(threads)
+    return silero_vad
+
+
+@lru_cache(maxsize=1)
+def _model():
+    return _silero().load_silero_vad()
+
+
+def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
+    """One speech probability per 32 ms frame."""
+    return speech_probabilities_many([samples], streams)[0]
+
+
+def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> list[np.ndarray]:
+    """speech_probabilities of each input, all in one batch of streams.
+
+    A clip of a few seconds is only a few streams, so alone it runs a hundred steps of the
+    model for little work; clips side by side share those steps. Each input is laid out in
+    streams exactly as it would be alone.
+    """
+    import torch
+
+    inputs = [raised_for_vad(samples) for samples in inputs]  # gain never decides what is speech
+    results = [np.zeros(0, np.float32) for _ in inputs]
+    audible = [i for i, samples in enumerate(inputs) if len(samples)]
+    if not audible:
+        return results
+    layouts = []  # per audible input: (frames, streams, frames per stream, first padded frame)
+    parts, base = [], 0
+    for i in audible:
+        n_frames = -(-len(inputs[i]) // VAD_FRAME)
+        count = max(1, min(streams, n_frames // MIN_STREAM_FRAMES or 1))
+        per = -(-n_frames // count)
+        padded = np.zeros((per * count + WARMUP_FRAMES) * VAD_FRAME, np.float32)
+        padded[WARMUP_FRAMES * VAD_FRAME : WARMUP_FRAMES * VAD_FRAME + len(inputs[i])] = inputs[i]
+        parts.append(padded)
+        layouts.append((n_frames, count, per, base))
+        base += per * count + WARMUP_FRAMES
+    parts.append(np.zeros(VAD_FRAME, np.float32))  # frame `base`: what a stream reads once its input is over
+    frames = torch.from_numpy(np.concatenate(parts)).view(-1, VAD_FRAME)
+    steps = max(per + WARMUP_FRAMES for _, _, per, _ in layouts)
+    step = torch.arange(steps)[None, :]
+    # stream s of an input reads frames [s*per, s*per + per + WARMUP) of its padded audio; the warm-up is dropped
+    index = torch.cat(
+        [
+            torch.where(step < per + WARMUP_FRAMES, start + torch.arange(count)[:, None] * per + step, base)
+            for _, count, per, start in layouts
+        ]
+    )
+    out = torch.empty(index.shape[0], steps)
+    model = _model()
+    model.reset_states()
+    # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
+    # few seconds is over before that pays off, and a long one runs no faster with it
+    with torch.no_grad(), torch.jit.optimized_execution(False):
+        for s in range(steps):
+            out[:, s] = model(frames[index[:, s]], SAMPLE_RATE).view(-1)
+    row = 0
+    for i, (n_frames, count, per, _) in zip(audible, layouts):
+        results[i] = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per].reshape(-1)[:n_frames].numpy()
+        row += count
+    return results
+
+
+def _regions(probs: list[float], n_samples: int, options: VadOptions, pad_ms: int) -> list[tuple[int, int]]:
+    if not probs:
+        return []
+    stamps = _silero().get_speech_timestamps_from_probs(
+        probs, sampling_rate=SAMPLE_RATE, audio_length_samples=n_samples, **{**asdict(options), "speech_pad_ms": pad_ms}
+    )
+    return [(int(s["start"]), int(s["end"])) for s in stamps]
+
+
+def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
+    """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
+    options = options or VadOptions()
+    return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
+
+
+def speech_regions_and_core_many(
+    inputs: list[np.ndarray], options: VadOptions | None = None
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Per input, its padded regions and the speech itself (no padding), the model run once over all."""
+    options = options or VadOptions()
+    out = []
+    for samples, probs in zip(inputs, speech_probabilities_many(inputs)):
+        frames = probs.tolist()
+        padded = _regions(frames, len(samples), options, options.speech_pad_ms)
+        out.append((padded, _regions(frames, len(samples), options, 0)))
+    return out
+
+
+def _covered(core: list[tuple[int, int]], start: int, end: int) -> np.ndarray:
+    """Which samples of [start, end) are speech, by regions that may overlap (blocks are planned with overlap)."""
+    covered = np.zeros(max(end - start, 0), dtype=bool)
+    for a, b in core:
+        if a < end and b > start:
+            covered[max(a, start) - start : min(b, end) - start] = True
+    return covered
+
+
+def speech_within(core: list[tuple[int, int]], start: int, end: int) -> int:
+    """Samples of speech in [start, end)."""
+    return int(np.count_nonzero(_covered(core, start, end)))
+
+
+def speech_after(core: list[tuple[int, int]], start: int, end: int, step: int) -> np.ndarray:
+    """Samples of speech in [start + k * step, end), for each k with start + k * step < end."""
+    covered = _covered(core, start, end)
+    padded = np.zeros(-(-len(covered) // step) * step, dtype=bool)
+    padded[: len(covered)] = covered
+    per_step = padded.reshape(-1, step).sum(axis=1)
+    return np.cumsum(per_step[::-1])[::-1]

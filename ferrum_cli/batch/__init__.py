@@ -1,0 +1,1 @@
+"""A batch: inputs expanded into jobs, run through one executor, outputs written atomically."""

@@ -1,0 +1,156 @@
+"""Input expansion: files, directories, glob patterns and stdin become a list of jobs,
+each with the output stem it will be written under."""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ..errors import UsageError
+
+STDIN = "-"
+
+# Audio and video containers ffmpeg reads, taken by extension when a directory is walked.
+MEDIA_EXTENSIONS = frozenset(
+    """aac ac3 aif aifc aiff alac amr ape au avi caf dts flac m2ts m4a m4b m4v mka mkv mov mp2 mp3 mp4
+    mpeg mpg mts mxf oga ogg ogv opus qt ra rm spx ts tta voc w64 wav weba webm wma wmv wv 3gp 3g2""".split()
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    source: str  # a file path, or "-" for stdin
+    relative: PurePosixPath  # output path under -o, without the format's extension
+    display: str  # how the input is named to the user
+
+    @property
+    def is_stdin(self) -> bool:
+        return self.source == STDIN
+
+
+def _is_media(path: Path) -> bool:
+    return path.suffix.lower().lstrip(".") in MEDIA_EXTENSIONS
+
+
+def walk_media(root: Path) -> list[Path]:
+    """Media files under root, following symlinks but never into a loop."""
+    found: list[Path] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen_dirs:
+            dirnames[:] = []
+            continue
+        seen_dirs.add(key)
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if _is_media(path) and os.path.isfile(path):
+                found.append(path)
+    return found
+
+
+def _stem(path: Path) -> Path:
+    try:
+        return path.with_suffix("")
+    except ValueError:  # an empty name, such as the one of "/"
+        return path
+
+
+def _has_magic(text: str) -> bool:
+    return glob.has_magic(text)
+
+
+def _safe_relative(path: Path) -> PurePosixPath:
+    """A relative output path that can only go down: no '..', no root, no empty parts."""
+    parts = [p for p in PurePosixPath(path.as_posix()).parts if p.strip("/") not in ("", ".", "..")]
+    parts = [p.replace("\n", " ").replace("\r", " ") for p in parts]
+    return PurePosixPath(*parts) if parts else PurePosixPath("audio")
+
+
+def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
+    """Jobs in the order given; duplicates (by real path) once; raises UsageError when nothing matches."""
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    unmatched: list[str] = []
+
+    def add(path: Path, relative: PurePosixPath) -> None:
+        key = os.path.realpath(path)
+        if key in seen:
+            return
+        seen.add(key)
+        jobs.append(Job(str(path), relative, str(path)))
+
+    for item in inputs:
+        if item == STDIN:
+            if STDIN not in seen:
+                seen.add(STDIN)
+                jobs.append(Job(STDIN, _safe_relative(Path(stdin_name)), "<stdin>"))
+            continue
+        path = Path(item)
+        if os.path.isdir(path):  # os.path's checks answer False where pathlib's raise (EACCES)
+            files = walk_media(path)
+            if not files:
+                raise UsageError(f"no audio or video files in directory '{item}'")
+            for f in files:
+                add(f, _safe_relative(_stem(f.relative_to(path))))
+        elif os.path.lexists(path) or not _has_magic(item):
+            # an existing file, or a name to report as missing; never treated as a pattern
+            add(path, _safe_relative(_stem(Path(path.name))))
+        else:
+            matches = sorted(glob.glob(item, recursive=True))
+            matches = [m for m in matches if os.path.isfile(m)]
+            if not matches:
+                unmatched.append(item)
+            base = _glob_base(item)
+            for m in matches:
+                rel = Path(os.path.relpath(m, base)) if base else Path(Path(m).name)
+                add(Path(m), _safe_relative(_stem(rel)))
+    if unmatched and not jobs:
+        raise UsageError(f"no input matched: {', '.join(repr(u) for u in unmatched)}")
+    if unmatched:
+        # a pattern that matched nothing among others that did is still a usage error
+        raise UsageError(f"pattern matched nothing: {unmatched[0]!r}")
+    return _disambiguate(jobs)
+
+
+def _glob_base(pattern: str) -> str:
+    """The folder part of a pattern before its first wildcard: outputs mirror what lies below it."""
+    parts = Path(pattern).parts
+    fixed = []
+    for part in parts[:-1]:
+        if _has_magic(part):
+            break
+        fixed.append(part)
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _disambiguate(jobs: list[Job]) -> list[Job]:
+    """Two inputs that map to one output name keep their extension, then get a counter."""
+    by_name: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_name.setdefault(str(job.relative).lower(), []).append(i)
+    out = list(jobs)
+    for indices in by_name.values():
+        if len(indices) < 2:
+            continue
+        for i in indices:
+            job = jobs[i]
+            ext = Path(job.source).suffix.lstrip(".")
+            name = job.relative.name + (f".{ext}" if ext else "")
+            out[i] = Job(job.source, job.relative.with_name(name), job.display)
+    taken: set[str] = set()
+    for i, job in enumerate(out):
+        rel, n = job.relative, 2
+        while str(rel).lower() in taken:
+            rel, n = job.relative.with_name(f"{job.relative.name}-{n}"), n + 1
+        taken.add(str(rel).lower())
+        out[i] = Job(job.source, rel, job.display)
+    return out

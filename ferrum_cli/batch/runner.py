@@ -1,0 +1,216 @@
+"""A batch: many inputs, one model load, outputs written atomically, failures reported and passed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..audio.ffmpeg import AudioStream, stream_file
+from ..errors import FerrumError, InputError, OutputError
+from ..options import TranscribeOptions
+from ..results import Segment, Transcription
+from ..writers import check_inside, output_paths, render, write_atomic
+from .inputs import Job
+
+
+@dataclass
+class BatchSummary:
+    done: int = 0
+    skipped: int = 0
+    failed: int = 0
+    audio_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+    interrupted: bool = False
+
+    @property
+    def wall_seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def speed(self) -> float:
+        return self.audio_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+@dataclass
+class BatchEvents:
+    """What the CLI renders; every callback is optional."""
+
+    on_result: Callable[[Job, Transcription], None] | None = None
+    on_failure: Callable[[Job, str], None] | None = None
+    on_skip: Callable[[Job], None] | None = None
+    on_warning: Callable[[Job, str], None] | None = None
+    on_segment: Callable[[Job, Segment], None] | None = None
+    on_progress: Callable[[Job, float], None] | None = None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a batch is asked to do."""
+
+    jobs: list[Job]
+    options: TranscribeOptions
+    formats: list[str]  # of the writers, in the order given
+    output_dir: Path | None = None  # None: results go to the caller's on_result
+    layout: dict = field(default_factory=dict)  # subtitle line options: max_line_width, max_line_count, ...
+    skip_existing: bool = False  # inputs whose outputs all exist are skipped
+
+
+def outputs_for(job: Job, output_dir: Path, formats: list[str]) -> dict[str, Path]:
+    paths = output_paths(output_dir, job.relative, formats)
+    for path in paths.values():
+        check_inside(output_dir, path)
+    return paths
+
+
+def is_complete(paths: dict[str, Path]) -> bool:
+    """Outputs are renamed into place whole, so existing means complete."""
+    return all(p.is_file() for p in paths.values())
+
+
+def _read_stdin() -> bytes:
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise InputError("empty input on stdin")
+    return data
+
+
+@contextmanager
+def start_decoding(plan: BatchPlan) -> Iterator[dict[Job, AudioStream]]:
+    """ffmpeg for the first batch of inputs, started before the model loads: short inputs are
+    decoded on the core that loading leaves idle. An input that cannot be
+    opened is left to run_batch, which reports it in its turn; one left unread is stopped."""
+    started: dict[Job, AudioStream] = {}
+    try:
+        options = plan.options
+        for job in [] if options.runs_sequentially else plan.jobs[: options.batch_size]:
+            try:
+                if job.is_stdin or (
+                    plan.skip_existing
+                    and plan.output_dir
+                    and is_complete(outputs_for(job, plan.output_dir, plan.formats))
+                ):
+                    continue
+                started[job] = stream_file(job.source).start()
+            except (FerrumError, OSError):
+                continue
+        yield started
+    finally:
+        for stream in started.values():
+            stream.close()
+
+
+def run_batch(
+    executor,
+    plan: BatchPlan,
+    events: BatchEvents,
+    summary: BatchSummary,
+    debug: bool = False,
+    started: dict[Job, AudioStream] | None = None,
+) -> BatchSummary:
+    """Transcribe every job that needs it through one executor; windows of several files share batches.
+
+    started: from start_decoding, each read in its job's turn."""
+    started = started or {}
+    outputs = dict(_jobs_to_run(plan, events, summary))
+    todo = list(outputs)
+    while todo:
+        finished = 0
+        items = [(job, _read_stdin if job.is_stdin else started.get(job, job.source)) for job in todo]
+        try:
+            for job, result in executor.transcribe_many(
+                items, plan.options, on_segment=events.on_segment, on_progress=events.on_progress
+            ):
+                finished += 1
+                _finish(job, result, outputs[job], plan, events, summary)
+            todo = []
+        except Exception as exc:  # a bug must not sink the rest of a long batch
+            if debug:
+                raise
+            _fail(todo[finished], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
+            todo = todo[finished + 1 :]
+    return summary
+
+
+def _jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
+    """(job, output paths) of each job to transcribe; the others are reported skipped or failed."""
+    input_paths = {os.path.realpath(j.source) for j in plan.jobs if not j.is_stdin}
+    for job in plan.jobs:
+        try:
+            paths = outputs_for(job, plan.output_dir, plan.formats) if plan.output_dir else {}
+        except OutputError as exc:
+            _fail(job, exc.message, events, summary)
+            continue
+        if plan.skip_existing and paths and is_complete(paths):
+            summary.skipped += 1
+            if events.on_skip:
+                events.on_skip(job)
+            continue
+        clash = [p for p in paths.values() if os.path.realpath(p) in input_paths]
+        if clash:
+            _fail(job, f"output {clash[0]} would overwrite an input", events, summary)
+            continue
+        yield job, paths
+
+
+def _finish(
+    job: Job, result, paths: dict[str, Path], plan: BatchPlan, events: BatchEvents, summary: BatchSummary
+) -> None:
+    """One job's result: its outputs written whole, or its error reported."""
+    if isinstance(result, FerrumError):
+        _fail(job, result.message, events, summary)
+        return
+    for warning in result.warnings:
+        if events.on_warning:
+            events.on_warning(job, warning)
+    try:
+        with _signals_held():  # Ctrl-C or SIGTERM waits for all of this input's outputs
+            for fmt, path in paths.items():
+                write_atomic(path, render(result, fmt, plan.layout))
+    except FerrumError as exc:
+        _fail(job, exc.message, events, summary)
+        return
+    summary.done += 1
+    summary.audio_seconds += result.duration
+    if events.on_result:
+        events.on_result(job, result)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while one input's outputs are written: each output is
+    renamed into place whole, and this keeps the set of them whole too (a .txt never without
+    its .json), so --skip-existing can trust what it finds after an interruption.
+
+    Handlers, not a signal mask: a masked signal would go to another thread (torch's, ffmpeg's
+    readers), and Python would still run its handler here, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be changed from the main thread
+        return
+    caught: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:  # now act on it as it would have been acted on
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0])
+
+
+def _fail(job: Job, reason: str, events: BatchEvents, summary: BatchSummary) -> None:
+    summary.failed += 1
+    if events.on_failure:
+        events.on_failure(job, reason)

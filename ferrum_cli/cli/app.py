@@ -1,0 +1,100 @@
+"""The `ferrum` app: its commands, one line for every error, and an exit that waits for nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from .. import __version__
+from . import describe
+from .console import err, state
+from .transcribe import EXAMPLES, transcribe
+
+app = typer.Typer(
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    context_settings={"max_content_width": 120},
+    help="Fast, careful Whisper speech-to-text. Files, folders, globs or a pipe in; txt, srt, vtt, json out.",
+)
+app.command(epilog=EXAMPLES)(transcribe)
+app.command(epilog="[b]Examples[/b]\n\n  ferrum info\n  ferrum info --model tiny.en --json")(describe.info)
+app.command(epilog="[b]Examples[/b]\n\n  ferrum status\n  ferrum status --json")(describe.status)
+app.command(epilog="[b]Examples[/b]\n\n  ferrum warmup\n  ferrum warmup --model tiny.en --device cpu --json")(
+    describe.warmup
+)
+
+
+class _WarningHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {record.getMessage()}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ferrum {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    state["debug"] = debug
+    log = logging.getLogger("ferrum")
+    if not log.handlers:
+        log.addHandler(_WarningHandler())
+        log.setLevel(logging.INFO)
+
+
+def main() -> None:
+    """The console script. A usage error is one line and exit 2. Once the output is flushed the
+    process ends at once: the interpreter's teardown (torch's, mostly) has nothing left to do."""
+    try:
+        code = app(standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code
+    except BrokenPipeError:
+        code = _quiet_broken_pipe()
+    except Exception as exc:
+        code = _click_error(exc)
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): as Python ends it
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _quiet_broken_pipe() if not code else code
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code or 0)
+
+
+def _click_error(exc: Exception) -> int:
+    """click's own errors (typer carries its own copy of click, so they are known by their shape):
+    a bad option is one line and exit 2; anything else is not ours to hide."""
+    if type(exc).__name__ == "Abort":
+        return 130
+    if not (hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
+        raise exc
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())
+        return exc.exit_code
+    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    err.print(f"[red]error:[/] {exc.format_message()}{hint}", markup=True, highlight=False)
+    return exc.exit_code
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (e.g. `| head`): stop quietly, with success."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0

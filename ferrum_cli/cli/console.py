@@ -1,0 +1,43 @@
+"""What every command shares: the stderr console, and one clean line for every error."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from ..errors import FerrumError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+state = {"debug": False}  # --debug: tracebacks instead of one line
+
+
+class Interrupted(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that no `except Exception` swallows it."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def on_signal(signum, frame) -> None:
+    raise Interrupted(128 + signum)
+
+
+def fail(exc: FerrumError) -> None:
+    err.print(f"[red]error:[/] {exc.message}", markup=True, highlight=False)
+    raise typer.Exit(exc.exit_code)
+
+
+def call(func, *args, **kwargs):
+    """Call into the library; a FerrumError becomes one line and its exit code."""
+    try:
+        return func(*args, **kwargs)
+    except FerrumError as exc:
+        if state["debug"]:
+            raise
+        fail(exc)
+    except (KeyboardInterrupt, Interrupted, typer.Exit):
+        raise
+    except Exception as exc:  # a bug still ends in one line; --debug shows the traceback
+        if state["debug"]:
+            raise
+        fail(FerrumError(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]))

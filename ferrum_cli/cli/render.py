@@ -1,0 +1,158 @@
+"""What the commands show: results on stdout, progress, warnings and the summary on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from .console import err
+
+
+class FileProgress:
+    """Files done of total, audio seconds, x real time, ETA; moves within a long file too."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[audio]:.0f} s audio, {task.fields[speed]:.1f}x"),
+            TimeRemainingColumn(),
+            console=err,
+            redirect_stdout=False,  # stdout carries results only, even with a bar on stderr
+            redirect_stderr=False,
+        )
+        self.task = self.progress.add_task("transcribing", total=total, audio=0.0, speed=0.0)
+        self.done_audio, self.in_file, self.files = 0.0, 0.0, 0
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self.progress.start()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def _update(self) -> None:
+        audio = self.done_audio + self.in_file
+        speed = audio / max(time.perf_counter() - self.t0, 1e-9)
+        self.progress.update(self.task, completed=self.files, audio=audio, speed=speed)
+
+    def within_file(self, seconds: float) -> None:
+        self.in_file = seconds
+        self._update()
+
+    def advance_file(self, seconds: float) -> None:
+        self.files += 1
+        self.done_audio += seconds
+        self.in_file = 0.0
+        self._update()
+
+
+class TranscribeView:
+    """The batch's events as the user sees them: results on stdout (or the files written), the
+    rest on stderr. The no-speech warning shows even with -q: it is the one line that warns of lost data."""
+
+    def __init__(self, formats: list[str], layout: dict, to_stdout: bool, several: bool, quiet: bool, verbose: bool):
+        self.formats, self.layout, self.to_stdout, self.several = formats, layout, to_stdout, several
+        self.quiet, self.verbose = quiet, verbose
+        self.stream_jsonl = to_stdout and formats == ["jsonl"] and not several  # each segment as it is decoded
+        self.report_language = True
+        self.progress: FileProgress | None = None
+
+    def show_progress(self, total: int) -> None:
+        if not self.quiet and err.is_terminal:
+            self.progress = FileProgress(total)
+
+    def events(self):
+        from ..batch.runner import BatchEvents
+
+        progress = self.progress
+        return BatchEvents(
+            on_result=self.on_result,
+            on_failure=self.on_failure,
+            on_warning=self.on_warning,
+            on_segment=self.on_segment,
+            on_skip=(lambda job: progress.advance_file(0.0)) if progress else None,
+            on_progress=(lambda job, sec: progress.within_file(sec)) if progress else None,
+        )
+
+    def on_result(self, job, result) -> None:
+        from ..writers import render
+
+        if self.to_stdout:
+            if self.several:
+                sys.stdout.write(f"==> {job.display} <==\n")
+            for fmt in self.formats:
+                if not self.stream_jsonl:
+                    sys.stdout.write(render(result, fmt, self.layout))
+            sys.stdout.flush()
+        if no_speech := result.no_speech_warning():
+            err.print(f"[yellow]warning:[/] {job.display}: {no_speech}")
+        if result.speech and not self.quiet and self.report_language:
+            err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
+        if self.progress:
+            self.progress.advance_file(result.duration)
+
+    def on_segment(self, job, segment) -> None:
+        from ..writers import segment_json
+
+        if self.stream_jsonl:
+            sys.stdout.write(segment_json(segment) + "\n")
+            sys.stdout.flush()
+        if self.verbose and not self.quiet:
+            err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {segment.text.strip()}")
+
+    def on_failure(self, job, reason: str) -> None:
+        err.print(f"[red]error:[/] {job.display}: {reason}")
+        if self.progress:
+            self.progress.advance_file(0.0)
+
+    def on_warning(self, job, message: str) -> None:
+        if not self.quiet:
+            err.print(f"[yellow]warning:[/] {job.display}: {message}")
+
+    def stop_progress(self) -> None:
+        if self.progress:
+            self.progress.stop()
+            self.progress = None
+
+    def finish(self, summary) -> None:
+        self.stop_progress()
+        if not self.quiet:
+            print_summary(summary)
+
+
+def print_summary(summary) -> None:
+    table = Table(title="ferrum transcribe" + (" (interrupted)" if summary.interrupted else ""), show_header=True)
+    for column in ("done", "skipped", "failed", "audio", "wall", "speed"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(summary.done),
+        str(summary.skipped),
+        str(summary.failed),
+        f"{summary.audio_seconds / 3600:.3f} h",
+        f"{summary.wall_seconds:.1f} s",
+        f"{summary.speed:.1f}x real time",
+    )
+    err.print(table)
+
+
+def print_mapping(title: str, data: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title, show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in data.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+            value = value if len(value) < 200 else value[:197] + "…"
+        table.add_row(str(key), str(value))
+    Console().print(table)

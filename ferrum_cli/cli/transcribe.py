@@ -1,0 +1,308 @@
+"""`ferrum transcribe`: its options in help panels, checked, and handed to the batch runner."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+from ..options import MAX_BATCH_SIZE
+from .console import Interrupted, call, err, fail, on_signal, state
+
+IO_PANEL = "Input and output"
+MODEL_PANEL = "Model and device"
+DECODING_PANEL = "Decoding"
+FALLBACK_PANEL = "Fallback (as openai-whisper)"
+SEQUENTIAL_PANEL = "Sequential engine (openai-whisper's loop)"
+VAD_PANEL = "Voice activity detection"
+SUBTITLE_PANEL = "Subtitles (need --word-timestamps)"
+SPEED_PANEL = "Performance"
+FORMAT_CHOICES = ("txt", "srt", "vtt", "json", "tsv", "jsonl", "all")  # writers.FORMATS and all
+
+
+class Task(str, Enum):
+    transcribe = "transcribe"
+    translate = "translate"
+
+
+class Dtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Compute(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    int8 = "int8"
+
+
+def _complete_formats(incomplete: str) -> list[str]:
+    return [f for f in FORMAT_CHOICES if f.startswith(incomplete)]
+
+
+def _complete_devices(incomplete: str) -> list[str]:
+    return [d for d in ("auto", "cpu", "cuda", "cuda:0", "mps") if d.startswith(incomplete)]
+
+
+def temperatures(start: float, increment: float | None) -> tuple[float, ...]:
+    """The temperatures tried in turn: from `start`, raised by `increment` on each fallback, up to 1."""
+    if increment is None or increment <= 0:
+        return (start,)
+    steps = int(round((1.0 - start) / increment)) + 1
+    return tuple(round(start + i * increment, 4) for i in range(max(steps, 1)))
+
+
+EXAMPLES = """
+[b]Examples[/b]
+
+  ferrum transcribe talk.mp3
+  ferrum transcribe talks/ -o out/ -f srt -f txt
+  ferrum transcribe 'talks/**/*.m4a' -o out/ --skip-existing
+  cat talk.mp3 | ferrum transcribe - -f srt -o out/
+"""
+
+
+def transcribe(
+    inputs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Files, folders, glob patterns, or - for stdin.", show_default=False),
+    ] = None,
+    output_format: Annotated[
+        list[str],
+        typer.Option(
+            "--output-format",
+            "-f",
+            help="txt, srt, vtt, json, tsv, jsonl or all; repeatable.",
+            autocompletion=_complete_formats,
+            rich_help_panel=IO_PANEL,
+        ),
+    ] = ["txt"],  # noqa: B006
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir", "-o", help="Write <stem>.<ext> files here, not to stdout.", rich_help_panel=IO_PANEL
+        ),
+    ] = None,
+    skip_existing: Annotated[
+        bool, typer.Option(help="Skip inputs whose outputs all exist: resumes a batch.", rich_help_panel=IO_PANEL)
+    ] = False,
+    stdin_name: Annotated[str, typer.Option(help="Output stem for stdin.", rich_help_panel=IO_PANEL)] = "stdin",
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Only results, errors and lost-speech warnings.", rich_help_panel=IO_PANEL),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Segments on stderr as they are decoded.", rich_help_panel=IO_PANEL)
+    ] = False,
+    model: Annotated[
+        str,
+        typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL),
+    ] = "base",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_devices, rich_help_panel=MODEL_PANEL
+        ),
+    ] = "auto",
+    dtype: Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.", rich_help_panel=MODEL_PANEL)] = (
+        Dtype.auto
+    ),
+    language: Annotated[
+        str,
+        typer.Option(
+            "--language", "-l", help="Language code or name; auto detects it.", rich_help_panel=DECODING_PANEL
+        ),
+    ] = "auto",
+    task: Annotated[
+        Task, typer.Option(help="translate: English text.", rich_help_panel=DECODING_PANEL)
+    ] = Task.transcribe,
+    multilingual: Annotated[
+        bool, typer.Option(help="A language per stretch of speech.", rich_help_panel=DECODING_PANEL)
+    ] = False,
+    beam_size: Annotated[
+        int | None, typer.Option(help="Beam size; greedy when unset.", min=1, rich_help_panel=DECODING_PANEL)
+    ] = None,
+    best_of: Annotated[
+        int | None, typer.Option(help="Candidates when sampling.", min=1, rich_help_panel=DECODING_PANEL)
+    ] = None,
+    patience: Annotated[
+        float | None, typer.Option(help="Beam search patience.", rich_help_panel=DECODING_PANEL)
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option(help="Temperature of the first try.", min=0.0, max=1.0, rich_help_panel=FALLBACK_PANEL)
+    ] = 0.0,
+    temperature_increment_on_fallback: Annotated[
+        float | None, typer.Option(help="Added on each fallback.", rich_help_panel=FALLBACK_PANEL)
+    ] = 0.2,
+    compression_ratio_threshold: Annotated[
+        float | None, typer.Option(help="Retry above this gzip ratio.", rich_help_panel=FALLBACK_PANEL)
+    ] = 2.4,
+    logprob_threshold: Annotated[
+        float | None, typer.Option(help="Retry below this mean logprob.", rich_help_panel=FALLBACK_PANEL)
+    ] = -1.0,
+    no_speech_threshold: Annotated[
+        float | None, typer.Option(help="Silence above this no-speech prob.", rich_help_panel=FALLBACK_PANEL)
+    ] = 0.6,
+    initial_prompt: Annotated[
+        str | None, typer.Option(help="Text the first window is primed with.", rich_help_panel=DECODING_PANEL)
+    ] = None,
+    hotwords: Annotated[
+        str | None, typer.Option(help="Names and jargon to bias towards.", rich_help_panel=DECODING_PANEL)
+    ] = None,
+    condition_on_previous_text: Annotated[
+        bool, typer.Option(help="Each window primed with the last (sequential).", rich_help_panel=SEQUENTIAL_PANEL)
+    ] = True,
+    word_timestamps: Annotated[
+        bool, typer.Option(help="Time each word (sequential engine).", rich_help_panel=SEQUENTIAL_PANEL)
+    ] = False,
+    vad: Annotated[
+        bool, typer.Option(help="Skip silence, cut long audio at pauses.", rich_help_panel=VAD_PANEL)
+    ] = True,
+    vad_threshold: Annotated[
+        float, typer.Option(help="Speech probability threshold.", min=0.0, max=1.0, rich_help_panel=VAD_PANEL)
+    ] = 0.5,
+    vad_min_speech_ms: Annotated[
+        int, typer.Option(help="Drop speech shorter than this.", min=0, rich_help_panel=VAD_PANEL)
+    ] = 0,
+    vad_max_speech_s: Annotated[
+        float, typer.Option(help="Split speech longer than this.", min=1.0, rich_help_panel=VAD_PANEL)
+    ] = float("inf"),
+    vad_min_silence_ms: Annotated[
+        int, typer.Option(help="Silence that ends speech.", min=0, rich_help_panel=VAD_PANEL)
+    ] = 2000,
+    vad_speech_pad_ms: Annotated[
+        int, typer.Option(help="Audio kept around speech.", min=0, rich_help_panel=VAD_PANEL)
+    ] = 400,
+    max_line_width: Annotated[
+        int | None, typer.Option(help="Characters per line.", min=1, rich_help_panel=SUBTITLE_PANEL)
+    ] = None,
+    max_line_count: Annotated[
+        int | None, typer.Option(help="Lines per cue.", min=1, rich_help_panel=SUBTITLE_PANEL)
+    ] = None,
+    max_words_per_line: Annotated[
+        int | None, typer.Option(help="Words per line.", min=1, rich_help_panel=SUBTITLE_PANEL)
+    ] = None,
+    highlight_words: Annotated[
+        bool, typer.Option(help="Underline each word as it is spoken.", rich_help_panel=SUBTITLE_PANEL)
+    ] = False,
+    sequential: Annotated[
+        bool, typer.Option(help="openai-whisper's own sequential loop.", rich_help_panel=SEQUENTIAL_PANEL)
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
+    ] = 12,
+    compute: Annotated[
+        Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
+    ] = Compute.auto,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)
+    ] = None,
+) -> None:
+    """Transcribe audio or video files, folders, glob patterns, or stdin."""
+    from ..batch.inputs import expand
+    from ..batch.runner import BatchPlan, BatchSummary, is_complete, outputs_for
+    from ..engine.encoder import check_compute
+    from ..engine.language import language_code
+    from ..options import TranscribeOptions, VadOptions
+    from ..weights.cache import start_verifying
+    from ..writers import ensure_writable_dir, parse_formats
+    from .render import TranscribeView
+
+    start_verifying(model)  # on another thread, while the rest starts
+    call(check_compute, compute.value)
+    formats = call(parse_formats, output_format)
+    layout = {"max_line_width": max_line_width, "max_line_count": max_line_count}
+    layout |= {"max_words_per_line": max_words_per_line, "highlight_words": highlight_words}
+    _check_subtitle_options(layout, word_timestamps)
+    jobs = call(expand, _inputs_or_stdin(inputs), stdin_name)
+    if output_dir is not None:
+        call(ensure_writable_dir, output_dir)
+    vad_options = VadOptions(
+        threshold=vad_threshold, min_speech_duration_ms=vad_min_speech_ms, max_speech_duration_s=vad_max_speech_s,
+        min_silence_duration_ms=vad_min_silence_ms, speech_pad_ms=vad_speech_pad_ms,
+    )  # fmt: skip
+    options = TranscribeOptions(
+        language=None,  # checked once ffmpeg runs: openai-whisper's language table imports torch
+        task=task.value, multilingual=multilingual, beam_size=beam_size, best_of=best_of, patience=patience,
+        temperature=temperatures(temperature, temperature_increment_on_fallback),
+        compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
+        no_speech_threshold=no_speech_threshold, condition_on_previous_text=condition_on_previous_text,
+        initial_prompt=initial_prompt, hotwords=hotwords, word_timestamps=word_timestamps, vad=vad,
+        vad_options=vad_options, sequential=sequential, batch_size=batch_size, compute=compute.value,
+    )  # fmt: skip
+    plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing)
+    view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose)
+    view.report_language = language_code_is_auto(language)
+    signal.signal(signal.SIGTERM, on_signal)
+    if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
+        call(language_code, language)  # a bad option is an error even with nothing left to do
+        view.finish(BatchSummary(skipped=len(jobs)))
+        return
+    _run(plan, view, language, model, device, dtype.value, threads)
+
+
+def language_code_is_auto(language: str) -> bool:
+    return language.strip().lower() in ("auto", "")
+
+
+def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
+    """With no input and a pipe, stdin is read."""
+    if inputs:
+        return inputs
+    if sys.stdin.isatty():
+        fail(UsageError("no input given; pass files, folders, patterns, or pipe audio on stdin"))
+    return ["-"]
+
+
+def _check_subtitle_options(layout: dict, word_timestamps: bool) -> None:
+    """openai-whisper's writers lay subtitle lines out from word times: without them the options would do nothing."""
+    given = [name for name, value in layout.items() if value not in (None, False)]
+    if given and not word_timestamps:
+        flag = "--" + given[0].replace("_", "-")
+        fail(UsageError(f"{flag} needs --word-timestamps: subtitle lines are laid out from word times"))
+
+
+def _run(plan, view, language: str, model: str, device: str, dtype: str, threads: int | None) -> None:
+    """Load the model (ffmpeg starts on the first inputs meanwhile), run the batch, and end with
+    the summary and the exit code: 1 if an input failed, 130/143 when interrupted."""
+    from ..batch.runner import BatchSummary, run_batch, start_decoding
+    from ..engine.language import language_code
+
+    summary = BatchSummary()
+    try:
+        with start_decoding(plan) as started:
+            plan = replace(plan, options=replace(plan.options, language=call(language_code, language)))
+            executor = _load_executor(model, device, dtype, threads)
+            call(executor.check_options, plan.options)
+            view.show_progress(len(plan.jobs))
+            if view.progress:
+                view.progress.start()
+            call(run_batch, executor, plan, view.events(), summary, state["debug"], started)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        summary.interrupted = True
+        view.stop_progress()
+        err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
+        view.finish(summary)
+        raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
+    view.finish(summary)
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _load_executor(model: str, device: str, dtype: str, threads: int | None):
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from ..executor import WhisperModelExecutor
+
+    return call(WhisperModelExecutor.from_path, model, device, dtype)

@@ -1,0 +1,388 @@
+"""The batched engine, the default: windows of speech cut at pauses, from any number of
+sources, encoded and decoded together, several at a time. Memory stays flat because windows
+are cut from a stream as it is read.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..audio.constants import SAMPLE_RATE, TIMESTAMP_SAMPLES, WINDOW_SAMPLES
+from ..audio.vad import speech_after, speech_regions, speech_within
+from ..audio.windows import plan_whole, plan_windows
+from ..errors import FerrumError
+from ..options import TranscribeOptions, VadOptions
+from ..results import Segment, Transcription
+from .encoder import encode_windows, plan_compute
+from .fallback import decode_with_fallback, is_silence, needs_fallback
+from .language import detect_language
+from .segments import repeats_the_end, segments_from_tokens
+from .tokenizer import get_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+TIMESTAMPS = WINDOW_SAMPLES // TIMESTAMP_SAMPLES + 1  # Whisper's timestamp tokens in a window
+GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-text is not allowed
+TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
+
+AudioOpener = Callable[[], Iterable[np.ndarray]]
+
+
+class CountedChunks:
+    """Passes chunks through and counts their samples and their peak: the duration and level of a stream."""
+
+    def __init__(self, chunks: Iterable[np.ndarray]) -> None:
+        self.chunks, self.samples, self.peak = chunks, 0, 0.0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for chunk in self.chunks:
+            self.samples += len(chunk)
+            if len(chunk):
+                self.peak = max(self.peak, float(np.abs(chunk).max()))
+            yield chunk
+
+
+@dataclass
+class Source:
+    """One input of the engine: its planned windows, its language, what has been decoded."""
+
+    key: object
+    counted: CountedChunks | None = None
+    windows: Iterator[tuple[float, np.ndarray]] | None = None  # (offset seconds, samples), planned as read
+    language: str = "und"
+    probability: float = 0.0
+    segments: list[Segment] = field(default_factory=list)  # in time order, handed on
+    found: list[Segment] = field(default_factory=list)  # decoded, not yet in segments
+    error: FerrumError | None = None
+    reading: bool = True  # more windows may come
+    pending: int = 0  # windows queued or being decoded
+    speech: list[tuple[int, int]] = field(default_factory=list)  # VAD's, unpadded, absolute samples
+    planned_to: float = 0.0  # seconds: where the last window queued ends; those after it start there or later
+    short: np.ndarray | None = None  # the audio of an input read whole, until its windows are planned
+
+    @property
+    def done(self) -> bool:
+        return not self.reading and self.pending == 0
+
+    def forget_speech_before(self, sample: int) -> None:
+        """Drop the speech regions that end before `sample`, where no window is left to check.
+        In place: the planner goes on adding to this list."""
+        self.speech[:] = [region for region in self.speech if region[1] > sample]
+
+    def result(self, options: TranscribeOptions) -> Transcription:
+        text = "".join(s.text for s in self.segments).strip()
+        duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
+        used = {**asdict(options), "language": options.language or self.language, "engine": "batched"}
+        language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
+        result = Transcription(text, self.segments, language, probability, duration, used)
+        result.peak = self.counted.peak if self.counted else 0.0
+        if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
+            result.warnings.append(warning)
+        return result
+
+
+@dataclass
+class Window:
+    """Up to 30 s of one source's samples, waiting for or in a batch."""
+
+    source: Source
+    offset: float  # seconds from the start of its source
+    samples: np.ndarray
+    features: torch.Tensor | None = None  # encoded already (the first windows, for the language)
+    tail: bool = False  # the rest of a window Whisper ended early: a second look
+    follows: str = ""  # a tail: the text of the segment it comes after
+
+    @property
+    def end(self) -> float:
+        return self.offset + len(self.samples) / SAMPLE_RATE
+
+
+class BatchedEngine:
+    """Windows from any number of sources share each batch; segments come back per source.
+
+    State: `sources`, the inputs started and not yet handed back, in input order, and `queue`,
+    the windows waiting for a batch. Each batch takes up to batch_size windows from the front of
+    the queue, whatever sources they come from; tails (the rest of a window Whisper ended early)
+    go first into the next batch. A source is handed back once its last window is decoded.
+    """
+
+    def __init__(self, model, options: TranscribeOptions) -> None:
+        if not model.is_multilingual:  # as openai-whisper: an English-only model is told its language
+            options = replace(options, language="en", multilingual=False)
+        self.model, self.options = model, options
+        self.compute = plan_compute(model, options)
+        self.per_window = options.multilingual and options.language is None  # a language per window
+        self.decoding = replace(options, language=None if self.per_window else options.language)
+        self.tokenizer = get_tokenizer(
+            model.is_multilingual,
+            num_languages=model.num_languages,
+            language=self.decoding.language or "en",
+            task=options.task,
+        )
+        prompt_text = options.prompt_text()
+        self.prompt = self.tokenizer.encode(" " + prompt_text) if prompt_text else None
+        self.sources: list[Source] = []
+        self.queue: list[Window] = []
+        self.incoming: Iterator[tuple[object, AudioOpener]] = iter(())
+        self.on_segment: Callable[[object, Segment], None] | None = None
+
+    def run(
+        self,
+        sources: Iterable[tuple[object, AudioOpener]],
+        on_segment: Callable[[object, Segment], None] | None = None,
+        on_progress: Callable[[object, float], None] | None = None,
+    ) -> Iterator[tuple[object, Transcription | FerrumError]]:
+        """(key, result) for each (key, open) of sources, in input order, each as soon as its last
+        window is decoded; open() gives the input's audio chunks, and an input that cannot be read
+        comes back as its error while the others go on."""
+        self.incoming, self.on_segment = iter(sources), on_segment
+        while True:
+            self._fill()
+            while self.sources and self.sources[0].done:
+                done = self.sources.pop(0)
+                yield done.key, (done.error or done.result(self.decoding))
+            if not self.queue:
+                if not self.sources:
+                    return
+                continue
+            last = self._decode_next_batch()
+            release_freed_memory()
+            if on_progress:
+                on_progress(last.source.key, last.end)
+
+    # -- taking sources in ---------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Queue windows until a batch is full or no source has more."""
+        while len(self.queue) < self.options.batch_size:
+            if self.sources and self.sources[-1].reading:
+                self._read_window(self.sources[-1])
+                continue
+            group, other = self._open_next()
+            if not group and other is None:
+                return
+            if group:
+                self._plan_short(group)
+            self.sources.extend(self._start(source, whole=True) for source in group)
+            if other is not None:
+                self.sources.append(self._start(other, whole=False))
+
+    def _read_window(self, source: Source) -> None:
+        try:
+            self._enqueue(source, *next(source.windows))
+        except StopIteration:
+            source.reading = False
+        except FerrumError as exc:  # the stream broke off: what was decoded of it is kept
+            source.error, source.reading = exc, False
+
+    def _open_next(self) -> tuple[list[Source], Source | None]:
+        """Short inputs opened in a row (up to a batch of them), and the input after them: long, or unreadable."""
+        group: list[Source] = []
+        while len(group) < self.options.batch_size:
+            item = next(self.incoming, None)
+            if item is None:
+                return group, None
+            source = self._open(*item)
+            if source.short is None:
+                return group, source
+            group.append(source)
+        return group, None
+
+    def _open(self, key, open_audio: AudioOpener) -> Source:
+        """An input that ends within its first 30 s is read whole (`short`), so that its VAD runs
+        together with that of other short ones; a longer one is planned as it streams."""
+        source = Source(key)
+        try:
+            source.counted = CountedChunks(open_audio())
+            chunks = iter(source.counted)
+            head = list(itertools.islice(chunks, 2))
+        except FerrumError as exc:
+            source.error, source.reading = exc, False
+            return source
+        if len(head) <= 1 and sum(len(c) for c in head) <= WINDOW_SAMPLES:
+            source.short = head[0] if head else np.zeros(0, np.float32)
+        else:
+            opts = self.options
+            merge = not opts.multilingual  # one language per window: regions are not packed together
+            chunks = itertools.chain(head, chunks)
+            source.windows = plan_windows(chunks, opts.vad, opts.vad_options, merge, source.speech)
+        return source
+
+    def _plan_short(self, group: list[Source]) -> None:
+        opts = self.options
+        planned = plan_whole([source.short for source in group], opts.vad, opts.vad_options, not opts.multilingual)
+        for source, (windows, speech) in zip(group, planned):
+            source.windows, source.speech, source.short = iter(windows), speech, None
+
+    def _start(self, source: Source, whole: bool) -> Source:
+        """Language and first windows of an opened source; `whole`: all its windows are planned."""
+        if source.error is not None:
+            return source
+        try:
+            first = list(source.windows if whole else itertools.islice(source.windows, self.options.batch_size))
+        except FerrumError as exc:
+            source.error, source.reading = exc, False
+            return source
+        samples = [w for _, w in first]
+        features = encode_windows(self.model, samples, self.compute.encoder) if first else None
+        if self.options.language is not None:
+            source.language, source.probability = self.options.language, 1.0
+        elif features is not None:
+            source.language, source.probability = detect_language(self.model, samples, features=features)
+        if source.language == "und":
+            for _ in source.windows:  # no speech to decode; read on for the duration
+                pass
+            source.reading = False
+            return source
+        for i, (offset, window) in enumerate(first):
+            self._enqueue(source, offset, window, features[i : i + 1])
+        source.reading = source.reading and not whole
+        return source
+
+    def _enqueue(self, source: Source, offset: float, samples: np.ndarray, features=None) -> None:
+        window = Window(source, offset, samples, features)
+        self.queue.append(window)
+        source.pending += 1
+        source.planned_to = window.end
+
+    # -- decoding ------------------------------------------------------------------------
+
+    def _decode_next_batch(self) -> Window:
+        """Decode the front of the queue; its segments go to their sources, its tails to the front. The
+        batch's last window is returned, for progress."""
+        size = self.options.batch_size
+        batch, self.queue[:] = self.queue[:size], self.queue[size:]
+        found, tails = self._decode(batch)
+        self.queue[:0] = tails
+        for window in batch:
+            window.source.pending -= 1
+        for window in tails:
+            window.source.pending += 1
+        for segment, source in found:
+            source.found.append(segment)
+        for source in {id(w.source): w.source for w in batch}.values():
+            self._publish(source)
+            frontier = min([w.offset for w in self.queue if w.source is source] + [source.planned_to])
+            source.forget_speech_before(round(frontier * SAMPLE_RATE))
+        return batch[-1]
+
+    def _decode(self, batch: list[Window]) -> tuple[list[tuple[Segment, Source]], list[Window]]:
+        """A batch's segments, and the unfinished tails to decode next, like openai-whisper's seek."""
+        import torch
+
+        opts = self.decoding
+        missing = [w for w in batch if w.features is None]
+        if missing:
+            encoded = encode_windows(self.model, [w.samples for w in missing], self.compute.encoder)
+            for i, window in enumerate(missing):
+                window.features = encoded[i : i + 1]
+        features = torch.cat([w.features for w in batch])
+        languages = None if self.per_window or opts.language else [w.source.language for w in batch]
+        unfinished = None
+        if opts.vad:
+            unfinished = torch.from_numpy(np.stack([speech_after_stamps(w) for w in batch])).to(features.device)
+        tail_rows = {i for i, w in enumerate(batch) if w.tail}
+        results = decode_with_fallback(
+            self.model, features, opts, self.prompt, self.compute.cache_dtype, self.tokenizer, languages, tail_rows,
+            unfinished,
+        )  # fmt: skip
+        found: list[tuple[Segment, Source]] = []
+        tails: list[Window] = []
+        for window, result in zip(batch, results):
+            window.features = None  # the batch holds the only other reference: freed with it
+            if is_silence(result, opts) or (window.tail and needs_fallback(result, opts, self.tokenizer.eot)):
+                continue  # a tail is a second look: kept only when Whisper is sure of it
+            pieces = segments_from_tokens(result, window.offset, len(window.samples) / SAMPLE_RATE, self.tokenizer)
+            if window.tail and pieces and repeats_the_end(pieces[0].text, window.follows):
+                pieces = pieces[1:]
+            for piece in pieces:
+                piece.language = result.language if self.per_window else None
+                found.append((piece, window.source))
+            if tail := unfinished_tail(result, pieces, window, opts, self.tokenizer):
+                tails.append(Window(window.source, *tail, tail=True, follows=pieces[-1].text))
+        return found, tails
+
+    def _publish(self, source: Source) -> None:
+        """Segments in time order, each once no window still queued can come before it."""
+        source.found.sort(key=lambda seg: seg.start)
+        frontier = min((w.offset for w in self.queue if w.source is source), default=float("inf"))
+        while source.found and source.found[0].start < frontier:
+            segment = source.found.pop(0)
+            segment.id = len(source.segments)
+            source.segments.append(segment)
+            if self.on_segment:
+                self.on_segment(source.key, segment)
+
+
+def speech_after_stamps(window: Window) -> np.ndarray:
+    """For each of Whisper's timestamps, whether 2 s of speech or more follow it in the window:
+    where end-of-text would leave speech out (see decoding.SpeechContinuation).
+
+    Less is left to unfinished_tail: in a window that is done, Whisper's last timestamp often
+    falls a second or two before VAD's end of speech, and forced on there it made text up.
+    """
+    start = round(window.offset * SAMPLE_RATE)
+    after = speech_after(window.source.speech, start, start + len(window.samples), TIMESTAMP_SAMPLES)[:TIMESTAMPS]
+    out = np.zeros(TIMESTAMPS, dtype=bool)
+    out[: len(after)] = after >= GO_ON_SPEECH
+    return out
+
+
+def unfinished_tail(
+    result, pieces: list[Segment], window: Window, options: TranscribeOptions, tokenizer
+) -> tuple[float, np.ndarray] | None:
+    """(offset, samples) of the audio after the last closed segment, when Whisper stopped early
+    and speech goes on.
+
+    Whisper sometimes ends a window with a complete segment and end-of-text although the window
+    holds more speech; openai-whisper's sequential loop then seeks to that timestamp. What ends
+    early although SpeechContinuation kept it going, or without VAD, has the rest of its window
+    decoded again, so no sentence is lost.
+    """
+    if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
+        return None
+    covered = pieces[-1].end - window.offset
+    rest = window.samples[int(covered * SAMPLE_RATE) :]
+    if covered < 0.5 or len(rest) < SAMPLE_RATE:
+        return None
+    if options.vad:  # speech itself, not the padding around it
+        start = round((window.offset + covered) * SAMPLE_RATE)
+        speech = speech_within(window.source.speech, start, start + len(rest))
+    else:  # no regions were found: the VAD looks at the rest alone (it hears quiet speech as well as loud)
+        speech = speech_within(speech_regions(rest, VadOptions(speech_pad_ms=0)), 0, len(rest))
+    return (window.offset + covered, rest) if speech >= TAIL_SPEECH else None
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap back to the OS after each batch (glibc), so peaks do not stack up over an hour."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
+
+def transcribe_batched(
+    model,
+    chunks: Iterable[np.ndarray],
+    options: TranscribeOptions,
+    on_segment: Callable[[Segment], None] | None = None,
+    on_progress: Callable[[float], None] | None = None,
+) -> Transcription:
+    """One input through the batched engine."""
+    ((_, result),) = BatchedEngine(model, options).run(
+        [(None, lambda: chunks)],
+        (lambda _, seg: on_segment(seg)) if on_segment else None,
+        (lambda _, sec: on_progress(sec)) if on_progress else None,
+    )
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -1,0 +1,468 @@
+"""The decoding engine: openai-whisper's DecodingTask, with less work per token.
+
+- Only the positions that are read (the SOT position on the first pass, then the last
+  one) are projected onto the vocabulary.
+- With greedy decoding and sampling, sequences that reach end-of-text leave the batch, together
+  with their key/value cache rows and audio features.
+- The model may run in float16 or bfloat16 on any device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributions import Categorical
+from whisper.decoding import (
+    DecodingOptions,
+    DecodingResult,
+    DecodingTask,
+    GreedyDecoder,
+    PyTorchInference,
+    SuppressBlank,
+)
+
+from .derived import derived
+
+
+class PositionalInference(PyTorchInference):
+    def __init__(self, model, initial_token_length: int, sot_index: int) -> None:
+        super().__init__(model, initial_token_length)
+        self.sot_index = sot_index
+
+    def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
+        """[batch, 2, vocab] on the first pass (SOT, last), [batch, 1, vocab] after."""
+        if not self.kv_cache:
+            self.kv_cache, self.hooks = self.model.install_kv_cache_hooks()
+        if tokens.shape[-1] > self.initial_token_length:
+            tokens, positions = tokens[:, -1:], [0]
+        else:
+            positions = [self.sot_index, tokens.shape[-1] - 1]
+        return self.model.decoder(tokens, audio_features, kv_cache=self.kv_cache, logit_positions=positions)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        for module, cached in self.kv_cache.items():
+            self.kv_cache[module] = cached[rows]
+
+
+class StaticCacheInference:
+    """Greedy decoding state in preallocated tensors: self-attention keys and values for every
+    position, and the audio features once for cross-attention.
+
+    Cross-attention keys are features @ Wk.T, so a head's scores are (Wk_h.T q_h) @ features.T;
+    values come out as (softmax @ features) @ Wv_h.T + b_h. Folding the projections into the
+    query and the output this way, no layer needs keys and values of its own: the state per
+    sequence is the features (1500 x width), not 2 x layers x 1500 x width, which lets more
+    sequences share a batch and spares computing 12 key/value projections per window.
+
+    The features are kept in `cache_dtype` (bfloat16 halves that memory traffic), and so is the
+    vocabulary projection where it is not on HalfWeightProducts, while the decoder's own layers
+    run in the model's dtype: bfloat16 there changed words.
+    """
+
+    def __init__(
+        self,
+        model,
+        initial_token_length: int,
+        sot_index: int,
+        cache_dtype: torch.dtype,
+        max_length: int | None = None,
+    ) -> None:
+        """max_length: the most positions a sequence will take (initial tokens and samples);
+        the caches hold that many, not the decoder's 448, which halves them for one window."""
+        self.decoder = model.decoder
+        self.max_length = max_length
+        self.dtype = next(model.decoder.parameters()).dtype
+        self.cache_dtype = cache_dtype
+        self.folded = _folded_cross_attention(model)
+        self.model = model
+        self.half_weights: HalfWeightProducts | None = None
+        self.initial_token_length, self.sot_index = initial_token_length, sot_index
+        self.features: Tensor | None = None
+        self.self_k: Tensor | None = None
+        self.self_v: Tensor | None = None
+        self.length = 0
+
+    def _heads(self, x: Tensor, n_head: int) -> Tensor:
+        return x.view(x.shape[0], x.shape[1], n_head, -1).transpose(1, 2)
+
+    def _start(self, audio_features: Tensor) -> None:
+        decoder = self.decoder
+        n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
+        n_ctx = min(n_ctx, self.max_length or n_ctx)
+        n_head = decoder.blocks[0].attn.n_head
+        width = decoder.token_embedding.weight.shape[1]
+        self.features = audio_features.to(self.cache_dtype)
+        self.owns_features = self.features is not audio_features  # a copy: keep_rows may write in it
+        self.half_weights = _half_weight_products(self.model, pack=n_batch >= HALF_WEIGHT_MIN_ROWS)
+        shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
+        self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
+        self.self_v = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
+        self.length = 0
+
+    def _cross_attention(self, i: int, q: Tensor) -> Tensor:
+        """Layer i's cross-attention for queries q [batch, tokens, width], before its output projection."""
+        key, value, bias = self.folded[i]
+        n_batch, n_tokens = q.shape[:2]
+        n_head = key.shape[0]
+        folded = torch.einsum("bthd,hdn->bthn", q.view(n_batch, n_tokens, n_head, -1), key)
+        folded = folded.reshape(n_batch, n_tokens * n_head, -1).to(self.cache_dtype)
+        mixed = _attend_features(folded, self.features).to(self.dtype)
+        out = torch.einsum("bthn,hdn->bthd", mixed.view(n_batch, n_tokens, n_head, -1), value) + bias
+        return out.flatten(2)
+
+    def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
+        """[batch, 2, vocab] on the first pass (SOT, last), [batch, 1, vocab] after."""
+        if self.features is None:
+            self._start(audio_features)
+        if self.length:
+            tokens, positions = tokens[:, -1:], [0]
+        else:
+            positions = [self.sot_index, tokens.shape[-1] - 1]
+        decoder = self.decoder
+        start, n_new = self.length, tokens.shape[-1]
+        end = start + n_new
+        x = (decoder.token_embedding(tokens) + decoder.positional_embedding[start:end]).to(self.dtype)
+        linear = self._linear
+        for i, block in enumerate(decoder.blocks):
+            attn = block.attn
+            h = block.attn_ln(x)
+            q = self._heads(linear(attn.query, h), attn.n_head)
+            self.self_k[i, :, :, start:end] = self._heads(linear(attn.key, h), attn.n_head)
+            self.self_v[i, :, :, start:end] = self._heads(linear(attn.value, h), attn.n_head)
+            o = F.scaled_dot_product_attention(
+                q, self.self_k[i, :, :, :end], self.self_v[i, :, :, :end], is_causal=n_new > 1 and start == 0
+            )
+            x = x + linear(attn.out, o.transpose(1, 2).flatten(2))
+            cross = block.cross_attn
+            x = x + linear(cross.out, self._cross_attention(i, linear(cross.query, block.cross_attn_ln(x))))
+            h = block.mlp_ln(x)
+            x = x + (block.mlp(h) if self.half_weights is None else self.half_weights.mlp(block.mlp, h))
+        self.length = end
+        x = decoder.ln(x[:, positions])
+        if self.half_weights is not None:
+            return self.half_weights.project(x)
+        projection = _projection(self.model, self.cache_dtype)
+        return (x.to(projection.dtype) @ projection.T).float()
+
+    def _linear(self, layer: nn.Linear, x: Tensor) -> Tensor:
+        return layer(x) if self.half_weights is None else self.half_weights.linear(layer, x)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """The rows that go on move up in place over those that ended, and of the self-attention
+        caches only the positions filled so far: new buffers from indexing page-fault in afresh."""
+        kept = rows.nonzero().flatten().tolist()
+        if not self.owns_features:  # the caller's tensor: copied once, then ours
+            self.features, self.owns_features = self.features[rows], True
+        else:
+            _move_up(self.features, kept, 0)
+            self.features = self.features[: len(kept)]
+        for cache in (self.self_k, self.self_v):
+            _move_up(cache[:, :, :, : self.length], kept, 1)
+        self.self_k, self.self_v = self.self_k[:, : len(kept)], self.self_v[:, : len(kept)]
+
+    def cleanup_caching(self) -> None:
+        self.features, self.self_k, self.self_v, self.length = None, None, None, 0
+
+
+def _move_up(cache: Tensor, kept: list[int], dim: int) -> None:
+    """Copies the entries `kept` (ascending) of dim to its start, in order."""
+    for to, source in enumerate(kept):
+        if to != source:
+            cache.select(dim, to).copy_(cache.select(dim, source))
+
+
+def _attend_features(queries: Tensor, features: Tensor) -> Tensor:
+    """softmax(queries features^T) features, for [batch, queries, width] and [batch, frames, width].
+
+    Every head attends over the same features. In float32 one fused attention call with the heads
+    as queries reads them once, and is the faster; in bfloat16 on a CPU the fused kernel is slow
+    for 8 queries, so two products are used there (docs/performance.md).
+    """
+    if features.device.type == "cpu" and features.dtype == torch.bfloat16:
+        scores = torch.bmm(queries, features.transpose(1, 2))
+        return torch.bmm(torch.softmax(scores, dim=-1), features)
+    return F.scaled_dot_product_attention(queries[:, None], features[:, None], features[:, None], scale=1.0)[:, 0]
+
+
+def _projection(model, dtype: torch.dtype) -> Tensor:
+    """The token embedding as the output projection, in dtype."""
+    weight = model.decoder.token_embedding.weight
+    if weight.dtype == dtype:
+        return weight
+    return derived(model, f"projection {dtype}", lambda: weight.detach().to(dtype))
+
+
+class HalfWeightProducts:
+    """The decoder's linear layers and vocabulary projection as fbgemm float16-weight products.
+
+    With a dozen rows per step these products are bound by memory, not arithmetic. fbgemm keeps
+    the weights in float16 and widens them as it goes, computing in float32, so a step reads half
+    as much. Only weights that float16 holds exactly are taken (the packs are float16), so no
+    weight is rounded. Timings: docs/performance.md.
+    """
+
+    def __init__(self, projection: object, linears: dict[nn.Linear, object]) -> None:
+        self.projection, self.linears = projection, linears
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.projection)
+
+    def linear(self, layer: nn.Linear, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.linears[layer])
+
+    def mlp(self, mlp: nn.Sequential, x: Tensor) -> Tensor:
+        return self.linear(mlp[2], F.gelu(self.linear(mlp[0], x)))
+
+
+HALF_WEIGHT_MIN_ROWS = 4  # packing takes about 1 s for base; one row would win that back over 130 steps
+
+
+def _prepack(weight: Tensor, bias: Tensor | None = None) -> object:
+    return torch.ops.quantized.linear_prepack_fp16(weight.detach(), None if bias is None else bias.detach())
+
+
+def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
+    """HalfWeightProducts for a float32 decoder on a CPU with fbgemm, when float16 holds its weights.
+    They are packed once per model, and only when `pack`: a batch with rows enough to repay it."""
+
+    def make() -> HalfWeightProducts | None:
+        decoder = model.decoder
+        layers = [  # those StaticCacheInference calls: the cross-attention's keys and values are folded
+            layer
+            for b in decoder.blocks
+            for layer in (b.attn.query, b.attn.key, b.attn.value, b.attn.out, b.cross_attn.query, b.cross_attn.out)
+            + (b.mlp[0], b.mlp[2])
+        ]
+        weights = [decoder.token_embedding.weight] + [layer.weight for layer in layers]
+        if any(not torch.equal(w.detach().half().float(), w.detach()) for w in weights):
+            return None
+        packed = {layer: _prepack(layer.weight, layer.bias) for layer in layers}
+        return HalfWeightProducts(_prepack(decoder.token_embedding.weight), packed)
+
+    weight = model.decoder.token_embedding.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return None  # fbgemm is x86's; other CPUs keep the float32 products
+    if not hasattr(torch.ops.quantized, "linear_prepack_fp16"):
+        return None
+    return derived(model, "float16-weight products", make, build=pack)
+
+
+def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Per layer: the key weight by head, scaled by 1/sqrt(head width); the value weight by head; the value bias."""
+
+    def fold() -> list[tuple[Tensor, Tensor, Tensor]]:
+        folded = []
+        for block in model.decoder.blocks:
+            attn = block.cross_attn
+            width = attn.key.weight.shape[1]
+            head = width // attn.n_head
+            key = attn.key.weight.detach().view(attn.n_head, head, width) * head**-0.5
+            value = attn.value.weight.detach().view(attn.n_head, head, width)
+            bias = attn.value.bias.detach().view(attn.n_head, head)
+            folded.append((key, value, bias))
+        return folded
+
+    return derived(model, "folded cross-attention", fold)
+
+
+class BlankSuppression(SuppressBlank):
+    """openai-whisper's SuppressBlank with its token ids found once, without special-token checks.
+
+    SuppressBlank encodes " " on every first step, and tiktoken's first encode with special
+    tokens disallowed compiles a regex of all 1,600 of them at each cold start.
+    """
+
+    def __init__(self, tokenizer, sample_begin: int) -> None:
+        super().__init__(tokenizer, sample_begin)
+        self.blank = tokenizer.encoding.encode_ordinary(" ") + [tokenizer.eot]
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, self.blank] = -np.inf
+
+
+class SpeechContinuation:
+    """End-of-text is masked in a row while its window holds speech after the last timestamp.
+
+    Whisper sometimes closes a segment and ends a window that goes on speaking. openai-whisper
+    then seeks to that timestamp and decodes a new window; here the same row goes on, with the
+    window already encoded. `unfinished[row, k]`: speech follows timestamp k in that row's window.
+    """
+
+    def __init__(self, tokenizer, sample_begin: int, unfinished: Tensor) -> None:
+        self.eot, self.timestamp_begin = tokenizer.eot, tokenizer.timestamp_begin
+        self.sample_begin = sample_begin
+        self.unfinished = unfinished
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        if tokens.shape[1] <= self.sample_begin:
+            return
+        stamp = tokens[:, -1] - self.timestamp_begin  # a segment just closed where it is >= 0
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        index = stamp.clamp(0, self.unfinished.shape[1] - 1)
+        logits[(stamp >= 0) & self.unfinished[rows, index], self.eot] = -np.inf
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.unfinished = self.unfinished[rows]
+
+
+class FerrumDecodingTask(DecodingTask):
+    def __init__(
+        self,
+        model,
+        options: DecodingOptions,
+        fast_cache_dtype: torch.dtype | None = None,
+        row_languages: list[str] | None = None,
+        unfinished: Tensor | None = None,
+    ) -> None:
+        super().__init__(model, options)
+        self.logit_filters = [
+            BlankSuppression(f.tokenizer, f.sample_begin) if type(f) is SuppressBlank else f for f in self.logit_filters
+        ]
+        self.continuation = None
+        if unfinished is not None and not options.without_timestamps:
+            unfinished = unfinished.repeat_interleave(self.n_group, dim=0)
+            self.continuation = SpeechContinuation(self.tokenizer, self.sample_begin, unfinished)
+            self.logit_filters.insert(0, self.continuation)
+        self.inference = PositionalInference(model, len(self.initial_tokens), self.sot_index)
+        if hasattr(self.decoder, "inference"):  # beam search reorders the caches of the inference it was given
+            self.decoder.inference = self.inference
+        self.fast_cache_dtype = fast_cache_dtype
+        self.row_languages = row_languages
+
+    def _detect_language(self, audio_features: Tensor, tokens: Tensor):
+        """Rows of one batch may come from files in different languages, each already known."""
+        audio_features = audio_features[:: audio_features.shape[0] // tokens.shape[0]]  # see _get_audio_features
+        if self.row_languages is None or self.sot_index + 1 >= tokens.shape[1]:
+            return super()._detect_language(audio_features, tokens)
+        tokens[:, self.sot_index + 1] = torch.tensor(
+            [self.tokenizer.to_language_token(lang) for lang in self.row_languages], device=tokens.device
+        )
+        return list(self.row_languages), None
+
+    def _get_audio_features(self, mel: Tensor) -> Tensor:
+        """The features, one row per sequence for the greedy loop when it samples best-of-n.
+
+        openai-whisper's run() repeats the tokens n times but not the features (its decoder
+        broadcasts a single audio over them), and afterwards keeps every n-th feature row.
+        """
+        dtype = next(self.model.parameters()).dtype
+        mel = mel.to(dtype)
+        encoded = mel.shape[-2:] == (self.model.dims.n_audio_ctx, self.model.dims.n_audio_state)
+        features = mel if encoded else self.model.encoder(mel)
+        if self.n_group > 1 and isinstance(self.decoder, GreedyDecoder):
+            features = features.repeat_interleave(self.n_group, dim=0)
+        return features
+
+    def _main_loop(self, audio_features: Tensor, tokens: Tensor):
+        if isinstance(self.decoder, GreedyDecoder):
+            return self._greedy_loop(audio_features, tokens)
+        return self._general_loop(audio_features, tokens)
+
+    def _no_speech_probs(self, first_logits: Tensor) -> list[float]:
+        if self.tokenizer.no_speech is None:
+            return [np.nan] * first_logits.shape[0]
+        return first_logits[:, 0].float().softmax(dim=-1)[:, self.tokenizer.no_speech].tolist()
+
+    def _next_logits(
+        self, step: int, tokens: Tensor, audio_features: Tensor, no_speech_probs: list[float]
+    ) -> tuple[Tensor, list[float]]:
+        """The last position's logits ([batch, vocabulary]) with the filters applied; on the first
+        step the no-speech probabilities are read off the SOT position first."""
+        logits = self.inference.logits(tokens, audio_features)
+        if step == 0:
+            no_speech_probs = self._no_speech_probs(logits)
+        logits = logits[:, -1]
+        for logit_filter in self.logit_filters:
+            logit_filter.apply(logits, tokens)
+        return logits, no_speech_probs
+
+    def _general_loop(self, audio_features: Tensor, tokens: Tensor):
+        """openai-whisper's loop (beam search, sampling), with positional logits."""
+        sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
+        no_speech_probs: list[float] = []
+        try:
+            for i in range(self.sample_len):
+                logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
+                tokens, completed = self.decoder.update(tokens, logits, sum_logprobs)
+                if completed or tokens.shape[-1] > self.n_ctx:
+                    break
+        finally:
+            self.inference.cleanup_caching()
+        return tokens, sum_logprobs, no_speech_probs
+
+    def _greedy_loop(self, audio_features: Tensor, tokens: Tensor):
+        """Greedy decoding, or sampling at a temperature, where finished sequences leave the batch."""
+        if self.fast_cache_dtype is not None:
+            self.inference = StaticCacheInference(
+                self.model,
+                len(self.initial_tokens),
+                self.sot_index,
+                self.fast_cache_dtype,
+                max_length=len(self.initial_tokens) + self.sample_len,  # one position per call of the loop
+            )
+        eot = self.tokenizer.eot
+        n_batch = tokens.shape[0]
+        device = audio_features.device
+        sum_logprobs = torch.zeros(n_batch, device=device)
+        out = torch.full((n_batch, tokens.shape[-1] + self.sample_len + 1), eot, dtype=tokens.dtype, device=device)
+        out[:, : tokens.shape[-1]] = tokens
+        length = tokens.shape[-1]
+        active = torch.arange(n_batch, device=device)
+        no_speech_probs: list[float] = []
+        try:
+            for i in range(self.sample_len):
+                logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
+                if self.options.temperature == 0:
+                    next_tokens = logits.argmax(dim=-1)
+                else:  # as whisper's GreedyDecoder samples
+                    next_tokens = Categorical(logits=logits / self.options.temperature).sample()
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                sum_logprobs[active] += logprobs[torch.arange(len(active), device=device), next_tokens]
+                out[active, length] = next_tokens
+                tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
+                length += 1
+                running = next_tokens != eot
+                if not bool(running.any()) or length > self.n_ctx:
+                    break
+                if not bool(running.all()):
+                    active, tokens = active[running], tokens[running]
+                    if not isinstance(self.inference, StaticCacheInference):  # that one keeps its own
+                        audio_features = audio_features[running]
+                    self.inference.keep_rows(running)
+                    if self.continuation is not None:
+                        self.continuation.keep_rows(running)
+        finally:
+            self.inference.cleanup_caching()
+        return out[:, : length + 1], sum_logprobs, no_speech_probs
+
+
+@torch.no_grad()
+def decode(
+    model,
+    mel: Tensor,
+    options: DecodingOptions | None = None,
+    fast_cache_dtype: torch.dtype | None = None,
+    row_languages: list[str] | None = None,
+    unfinished: Tensor | None = None,
+    **kwargs,
+) -> DecodingResult | list[DecodingResult]:
+    """Drop-in for whisper.decoding.decode, so openai-whisper's transcribe() runs on it.
+
+    fast_cache_dtype: greedy decoding uses the static-cache decoder, its caches in this dtype.
+    row_languages: the language of each row, when a batch mixes files (options.language is then None).
+    unfinished: [rows, timestamps] bool, where each row's window holds speech after a timestamp
+    (see SpeechContinuation).
+    """
+    from dataclasses import replace
+
+    options = replace(options or DecodingOptions(), **kwargs)
+    single = mel.ndim == 2
+    if single:
+        mel = mel.unsqueeze(0)
+    results = FerrumDecodingTask(model, options, fast_cache_dtype, row_languages, unfinished).run(mel)
+    return results[0] if single else results

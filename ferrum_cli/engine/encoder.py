@@ -1,0 +1,122 @@
+"""How the batched engine's encoder computes (`--compute`), and the encoder pass over windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import DeviceError, UsageError
+from ..options import COMPUTES, TranscribeOptions
+from ..platform.cpu import cpu_flags, cpu_has_native_bf16, cpu_name, int8_available
+
+if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
+    import torch
+
+SPEEDUP_NEEDED = 1.1  # bfloat16 rounds the encoder's products: worth it only when clearly faster
+MEASURE_VERSION = 2  # of the remembered bfloat16 timing; 2: attention as the encoder runs it
+ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How the batched engine computes: the encoder's products, and the dtype of the decoder's
+    cross-attention cache (and of its vocabulary projection where that is not on float16-weight
+    products, see decoding.HalfWeightProducts)."""
+
+    encoder: str  # "int8", "bfloat16" (autocast) or the model's own dtype
+    cache_dtype: torch.dtype
+
+
+def check_compute(compute: str) -> None:
+    """`--compute` names what the batched engine's encoder computes in on a CPU."""
+    if compute not in COMPUTES:
+        raise UsageError(f"unknown compute {compute!r}; choose {', '.join(COMPUTES)}")
+    if compute == "int8" and not int8_available():
+        raise DeviceError("int8 needs torch's fbgemm engine (x86 CPUs); use auto, float32 or bfloat16")
+
+
+def plan_compute(model, options: TranscribeOptions) -> Compute:
+    """`--compute` on a float32 model on a CPU; GPUs and half-precision models compute in the model's dtype."""
+    import torch
+
+    weights = next(model.parameters()).dtype
+    if model.device.type != "cpu" or weights != torch.float32:
+        return Compute(str(weights).removeprefix("torch."), weights)
+    choice = cpu_auto_compute() if options.compute == "auto" else options.compute
+    return Compute(choice, torch.bfloat16 if choice == "bfloat16" else weights)
+
+
+def cpu_auto_compute() -> str:
+    """What `--compute auto` runs the encoder in on this CPU: float32 or bfloat16.
+
+    bfloat16 instructions do not make bfloat16 faster on every CPU (docs/performance.md), so it
+    is measured once per CPU, torch version and thread count, and remembered. int8 changes
+    words, so it is never automatic.
+    """
+    if not cpu_has_native_bf16():
+        return "float32"
+    import hashlib
+
+    import torch
+
+    from ..weights.cache import remembered
+
+    machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
+    key = hashlib.sha256(machine.encode()).hexdigest()[:16]
+    answer = remembered(f"cpu-bfloat16-faster-{MEASURE_VERSION}-{key}", _bfloat16_measured_faster)
+    return "bfloat16" if answer is True else "float32"
+
+
+def _bfloat16_measured_faster() -> bool:
+    """One encoder block of base (1500 frames, width 512) in float32 and in bfloat16 autocast,
+    as the encoder runs it, best of interleaved rounds (a slow spell hits both)."""
+    import time
+
+    import torch
+    from whisper.model import ResidualAttentionBlock
+
+    from .model import with_encoder_attention
+
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
+    with_encoder_attention([block])
+    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    with torch.no_grad():
+        for _ in range(3):
+            for dtype in best:
+                start = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                    block(x)
+                best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] > SPEEDUP_NEEDED * best[torch.bfloat16]
+
+
+def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:
+    """[windows, 1500, width] encoder output for windows of samples, each padded to 30 s of log-mel:
+    int8 products, autocast to bfloat16, or (None) the model's own dtype."""
+    import torch
+    from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+
+    from ..platform.devices import torch_dtype
+
+    weights = next(model.parameters()).dtype
+    encoder, dtype = model.encoder, weights
+    if compute == "int8":
+        from .quantize import int8_encoder
+
+        encoder = int8_encoder(model)
+    elif compute is not None:
+        dtype = torch_dtype(compute)
+    step = ENCODER_BATCH if model.device.type == "cpu" else len(windows)
+    out = []
+    for i in range(0, len(windows), max(step, 1)):
+        mels = [
+            pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES)
+            for w in windows[i : i + step]
+        ]
+        mel = torch.stack(mels).to(model.device, weights)
+        with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype != weights):
+            out.append(encoder(mel).to(weights))
+    return out[0] if len(out) == 1 else torch.cat(out)

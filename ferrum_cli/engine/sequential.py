@@ -1,0 +1,131 @@
+"""The sequential engine: openai-whisper's own transcribe() loop, exactly, on our model. It
+serves word timestamps, beam search and `--sequential`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from ..audio.level import raised_spans
+from ..audio.vad import speech_regions
+from ..audio.windows import pack
+from ..options import TranscribeOptions
+from ..results import Segment, Transcription
+from .fallback import seeded_sampling
+from .language import detect_language
+from .tokenizer import get_tokenizer
+
+
+def snap_words_to_speech(segments: list[dict], regions: list[tuple[int, int]]) -> None:
+    """A word that starts in silence starts where the next speech does: Whisper's alignment
+    tends to stretch the first word of a stretch of speech back over the pause before it."""
+    starts = [a / SAMPLE_RATE for a, _ in regions]
+    ends = [b / SAMPLE_RATE for _, b in regions]
+    for segment in segments:
+        for word in segment.get("words") or []:
+            inside = any(a <= word["start"] < b for a, b in zip(starts, ends))
+            later = [a for a in starts if a > word["start"]]
+            if not inside and later and later[0] < word["end"]:
+                word["start"] = round(later[0], 3)
+        if segment.get("words"):
+            segment["start"] = segment["words"][0]["start"]
+
+
+def _plain_words(words: list[dict] | None) -> list[dict] | None:
+    """openai-whisper's word times and probabilities are numpy floats; a library user gets Python's."""
+    if words is None:
+        return None
+    return [{k: v.item() if isinstance(v, np.generic) else v for k, v in word.items()} for word in words]
+
+
+def transcribe_sequential(
+    model,
+    samples: np.ndarray,
+    options: TranscribeOptions,
+    on_segment: Callable[[Segment], None] | None = None,
+) -> Transcription:
+    """openai-whisper's transcribe() on our model: same algorithm, same text."""
+    duration = len(samples) / SAMPLE_RATE
+    used = {**asdict(options), "engine": "sequential"}
+    peak = float(np.abs(samples).max()) if len(samples) else 0.0
+    samples, windows = _speech_windows(samples, options)
+    language, probability = options.language, 1.0
+    if language is None:
+        language, probability = detect_language(model, windows)
+    if not windows or language == "und":
+        return Transcription("", [], "und", 0.0, duration, used, peak=peak)
+    with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
+        warnings.simplefilter("always")
+        result = _whisper_transcribe(model, samples, options, language)
+    if options.word_timestamps and options.vad:
+        snap_words_to_speech(result["segments"], speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
+    segments = [_segment(i, s, duration) for i, s in enumerate(result["segments"])]
+    for segment in segments if on_segment else ():
+        on_segment(segment)
+    if not segments:
+        language, probability = "und", 0.0
+    out = Transcription(result["text"].strip(), segments, language, probability, duration, used, peak=peak)
+    ours = [w for w in caught if "whisper" in Path(w.filename).parts]
+    out.warnings.extend(dict.fromkeys(str(w.message) for w in ours))  # each message once
+    for other in (w for w in caught if w not in ours):
+        warnings.showwarning(other.message, other.category, other.filename, other.lineno)
+    return out
+
+
+def _speech_windows(samples: np.ndarray, options: TranscribeOptions) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The samples with quiet speech raised (as the batched engine reads them), and the windows
+    of speech. VAD only decides whether there is speech at all: the algorithm stays openai-whisper's."""
+    if options.vad:
+        regions = speech_regions(samples, options.vad_options)
+    else:
+        regions = [(i, min(i + WINDOW_SAMPLES, len(samples))) for i in range(0, len(samples), WINDOW_SAMPLES)]
+    samples = raised_spans(samples, regions)
+    spans = pack(samples, regions, merge=True) if options.vad else regions
+    return samples, [samples[a:b] for a, b in spans]
+
+
+def _whisper_transcribe(model, samples: np.ndarray, options: TranscribeOptions, language: str) -> dict:
+    import torch
+    from whisper.transcribe import transcribe
+
+    decode = {"beam_size": options.beam_size, "best_of": options.best_of, "patience": options.patience}
+    get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=options.task)
+    return transcribe(
+        model,
+        samples,
+        verbose=None,
+        temperature=options.temperature,
+        compression_ratio_threshold=options.compression_ratio_threshold,
+        logprob_threshold=options.logprob_threshold,
+        no_speech_threshold=options.no_speech_threshold,
+        condition_on_previous_text=options.condition_on_previous_text,
+        initial_prompt=options.prompt_text(),
+        word_timestamps=options.word_timestamps,
+        language=language,
+        task=options.task,
+        # float16 decoding options are for CUDA: on the CPU openai-whisper warns and uses float32
+        fp16=model.device.type != "cpu" and next(model.parameters()).dtype == torch.float16,
+        **{k: v for k, v in decode.items() if v is not None},
+    )
+
+
+def _segment(index: int, s: dict, duration: float) -> Segment:
+    """openai-whisper's segment dict as a Segment, its end inside the input."""
+    return Segment(
+        index,
+        round(float(s["start"]), 3),
+        round(min(float(s["end"]), duration), 3),
+        s["text"],
+        list(s["tokens"]),
+        s["avg_logprob"],
+        s["no_speech_prob"],
+        s["compression_ratio"],
+        s["temperature"],
+        _plain_words(s.get("words")),
+    )

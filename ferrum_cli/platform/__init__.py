@@ -1,0 +1,1 @@
+"""The machine: devices and dtypes, CPU features, and import-time care for start-up."""

@@ -1,0 +1,64 @@
+"""What a transcription gives back: segments of text with their times, and the input's language."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Segment:
+    """A stretch of text as Whisper closed it between two timestamps."""
+
+    id: int  # position in its transcription, from 0
+    start: float  # seconds from the start of the input
+    end: float
+    text: str  # with Whisper's leading space
+    tokens: list[int]  # the text's tokens
+    avg_logprob: float  # of the window the segment came from
+    no_speech_prob: float
+    compression_ratio: float
+    temperature: float  # the temperature the window was decoded at
+    words: list[dict] | None = None  # with --word-timestamps: word, start, end, probability
+    language: str | None = None  # with --multilingual: the language of its window
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("words", "language")}
+
+
+@dataclass
+class Transcription:
+    """The result for one input."""
+
+    text: str  # the segments' text joined
+    segments: list[Segment]
+    language: str  # "und" exactly when no speech was found
+    language_probability: float
+    duration: float  # seconds of audio read
+    options: dict = field(default_factory=dict)  # the options used, and the engine
+    warnings: list[str] = field(default_factory=list)  # about the input (ffmpeg's, a truncated file)
+    peak: float = 0.0  # the input's largest absolute sample, full scale 1.0
+
+    @property
+    def speech(self) -> bool:
+        """Whether any speech was transcribed; without it the caller must be told (no_speech_warning)."""
+        return bool(self.segments)
+
+    def no_speech_warning(self) -> str | None:
+        """The one line that says an input gave no text, with its level, so that no audio is lost unseen."""
+        if self.speech:
+            return None
+        level = f"{20 * math.log10(self.peak):.0f}" if self.peak > 0 else "-inf"
+        return f"no speech found (peak {level} dBFS)"
+
+    def to_dict(self) -> dict:
+        """The shape openai-whisper's writers read."""
+        return {
+            "text": self.text,
+            "segments": [s.to_dict() for s in self.segments],
+            "language": self.language,
+            "language_probability": self.language_probability,
+            "duration": self.duration,
+            "speech": self.speech,
+            "options": self.options,
+        }

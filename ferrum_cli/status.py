@@ -1,0 +1,78 @@
+"""`ferrum status`: what this machine offers ferrum, and whether the default model is ready offline."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+
+from . import __version__
+from .errors import FerrumError
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def default_model_readiness(name: str) -> tuple[bool, str]:
+    """Ready with no network: the first place resolve() would load it from, or what to install."""
+    from .weights.locations import offline_places
+    from .weights.packs import packs_for
+
+    usable = [p for p in offline_places(name) if p.pack is None or p.pack.sha256]
+    if usable:
+        return True, usable[0].detail
+    hints = [p.install_hint for p in packs_for(name) if p.sha256]
+    return False, f"model {name!r} needs the network; {hints[0] if hints else 'pass a checkpoint path'}"
+
+
+def machine_status() -> dict:
+    import torch
+
+    from .audio.ffmpeg import ffmpeg_version, find_ffmpeg
+    from .engine.encoder import cpu_auto_compute
+    from .platform.cpu import cpu_has_native_bf16
+    from .platform.devices import choose, describe_devices
+    from .weights import cache
+    from .weights.locations import DEFAULT_MODEL
+    from .weights.packs import installed_packs
+
+    problems: list[str] = []
+    try:
+        ff = find_ffmpeg()
+        ffmpeg = {"path": ff.path, "source": ff.source, "version": ffmpeg_version()}
+    except FerrumError as exc:
+        ffmpeg = {"path": None, "source": None, "version": None}
+        problems.append(exc.message)
+    placement = choose("auto", "auto")
+    ready, how = default_model_readiness(DEFAULT_MODEL)
+    if not ready:
+        problems.append(how)
+    return {
+        "versions": {
+            "ferrum": __version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "openai-whisper": _version("openai-whisper"),
+            "ffmpeg": ffmpeg["version"],
+        },
+        "ffmpeg": ffmpeg,
+        "devices": describe_devices(),
+        "default_device": placement.device,
+        "default_dtype": placement.dtype,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_bfloat16_instructions": cpu_has_native_bf16(),
+        "cpu_compute": cpu_auto_compute(),  # what `--compute auto` runs the encoder in on this CPU
+        "cache_dir": str(cache.cache_dir()),
+        "cached_models": cache.list_cached(),
+        "installed_packs": [
+            {"model": p.model, "distributions": list(p.distributions), "usable": p.sha256 is not None}
+            for p in installed_packs()
+        ],
+        "default_model": DEFAULT_MODEL,
+        "default_model_ready_offline": ready,
+        "default_model_detail": how,
+        "problems": problems,
+    }
