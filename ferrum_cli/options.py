@@ -41,7 +41,7 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True  # the sequential engine feeds each window's text to the next
     initial_prompt: str | None = None  # text the first window is conditioned on
     hotwords: str | None = None  # names and jargon put ahead of the prompt
-    word_timestamps: bool = False  # time each word (the sequential engine)
+    word_timestamps: bool = False  # time each word from the alignment heads' cross-attention
 
     # where speech is
     vad: bool = True  # False: every sample is decoded
@@ -54,8 +54,8 @@ class TranscribeOptions:
 
     @property
     def runs_sequentially(self) -> bool:
-        """Word timestamps and beam search exist only in openai-whisper's sequential algorithm."""
-        return self.sequential or self.word_timestamps or (self.beam_size or 1) > 1
+        """Beam search exists only in openai-whisper's sequential algorithm."""
+        return self.sequential or (self.beam_size or 1) > 1
 
     def prompt_text(self) -> str | None:
         """Hotwords go ahead of the initial prompt: both bias the decoder towards their words."""

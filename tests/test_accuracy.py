@@ -131,7 +131,7 @@ def test_the_last_word_before_an_early_end_is_not_read_twice(executor):
 
 
 def test_word_timestamps_on_jfk(executor):
-    """Asking for words is enough: the executor takes the sequential engine, which aligns them."""
+    """Asking for words is enough: the batched engine aligns them (tests/test_words.py compares openai-whisper's)."""
     path = corpus(JFK)
     result = executor.transcribe(path, TranscribeOptions(language="en", word_timestamps=True))
     found = [w for s in result.segments for w in s.words]

@@ -21,7 +21,7 @@ DECODING_PANEL = "Decoding"
 FALLBACK_PANEL = "Fallback (as openai-whisper)"
 SEQUENTIAL_PANEL = "Sequential engine (openai-whisper's loop)"
 VAD_PANEL = "Voice activity detection"
-SUBTITLE_PANEL = "Subtitles (need --word-timestamps)"
+SUBTITLE_PANEL = "Word times and subtitles"
 SPEED_PANEL = "Performance"
 FORMAT_CHOICES = ("txt", "srt", "vtt", "json", "tsv", "jsonl", "all")  # writers.FORMATS and all
 
@@ -162,7 +162,7 @@ def transcribe(
         bool, typer.Option(help="Each window primed with the last (sequential).", rich_help_panel=SEQUENTIAL_PANEL)
     ] = True,
     word_timestamps: Annotated[
-        bool, typer.Option(help="Time each word (sequential engine).", rich_help_panel=SEQUENTIAL_PANEL)
+        bool, typer.Option(help="Time each word; the line options need it.", rich_help_panel=SUBTITLE_PANEL)
     ] = False,
     vad: Annotated[
         bool, typer.Option(help="Skip silence, cut long audio at pauses.", rich_help_panel=VAD_PANEL)

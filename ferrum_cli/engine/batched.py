@@ -23,6 +23,7 @@ from .fallback import decode_with_fallback, is_silence, needs_fallback
 from .language import detect_language
 from .segments import repeats_the_end, segments_from_tokens
 from .tokenizer import get_tokenizer
+from .words import AlignmentRow, align_batch, place_words, snap_to_speech
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 TIMESTAMPS = WINDOW_SAMPLES // TIMESTAMP_SAMPLES + 1  # Whisper's timestamp tokens in a window
 GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-text is not allowed
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
+HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
 
@@ -84,6 +86,8 @@ class Source:
         result.peak = self.counted.peak if self.counted else 0.0
         if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
             result.warnings.append(warning)
+        if options.word_timestamps and options.task == "translate" and self.segments:  # as openai-whisper warns
+            result.warnings.append("Word-level timestamps on translations may not be reliable.")
         return result
 
 
@@ -294,7 +298,8 @@ class BatchedEngine:
         )  # fmt: skip
         found: list[tuple[Segment, Source]] = []
         tails: list[Window] = []
-        for window, result in zip(batch, results):
+        timed: list[tuple[int, Window, list[Segment], str]] = []  # rows whose words are to be timed
+        for i, (window, result) in enumerate(zip(batch, results)):
             window.features = None  # the batch holds the only other reference: freed with it
             if is_silence(result, opts) or (window.tail and needs_fallback(result, opts, self.tokenizer.eot)):
                 continue  # a tail is a second look: kept only when Whisper is sure of it
@@ -304,9 +309,30 @@ class BatchedEngine:
             for piece in pieces:
                 piece.language = result.language if self.per_window else None
                 found.append((piece, window.source))
+            if opts.word_timestamps and pieces:
+                timed.append((i, window, pieces, result.language if self.per_window else window.source.language))
             if tail := unfinished_tail(result, pieces, window, opts, self.tokenizer):
                 tails.append(Window(window.source, *tail, tail=True, follows=pieces[-1].text))
+        if timed:
+            self._time_words(features, timed)
         return found, tails
+
+    def _time_words(self, features: torch.Tensor, timed: list[tuple[int, Window, list[Segment], str]]) -> None:
+        """Word times for the batch's rows in one decoder pass (engine/words.py), then fitted to
+        their segments and to the speech VAD found."""
+        model, task = self.model, self.options.task
+        rows = []
+        for i, window, pieces, language in timed:
+            prefix = get_tokenizer(
+                model.is_multilingual, num_languages=model.num_languages, language=language, task=task
+            )
+            text = [t for piece in pieces for t in piece.tokens]
+            rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, len(window.samples) // HOP_LENGTH))
+        alignments = align_batch(model, features, rows, self.tokenizer, bfloat16=self.compute.encoder == "bfloat16")
+        for (_, window, pieces, _), alignment in zip(timed, alignments):
+            place_words(pieces, alignment, window.offset, window.offset)
+            if self.options.vad:
+                snap_to_speech(pieces, window.source.speech)
 
     def _publish(self, source: Source) -> None:
         """Segments in time order, each once no window still queued can come before it."""

@@ -20,21 +20,7 @@ from ..results import Segment, Transcription
 from .fallback import seeded_sampling
 from .language import detect_language
 from .tokenizer import get_tokenizer
-
-
-def snap_words_to_speech(segments: list[dict], regions: list[tuple[int, int]]) -> None:
-    """A word that starts in silence starts where the next speech does: Whisper's alignment
-    tends to stretch the first word of a stretch of speech back over the pause before it."""
-    starts = [a / SAMPLE_RATE for a, _ in regions]
-    ends = [b / SAMPLE_RATE for _, b in regions]
-    for segment in segments:
-        for word in segment.get("words") or []:
-            inside = any(a <= word["start"] < b for a, b in zip(starts, ends))
-            later = [a for a in starts if a > word["start"]]
-            if not inside and later and later[0] < word["end"]:
-                word["start"] = round(later[0], 3)
-        if segment.get("words"):
-            segment["start"] = segment["words"][0]["start"]
+from .words import snap_to_speech
 
 
 def _plain_words(words: list[dict] | None) -> list[dict] | None:
@@ -63,9 +49,9 @@ def transcribe_sequential(
     with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
         warnings.simplefilter("always")
         result = _whisper_transcribe(model, samples, options, language)
-    if options.word_timestamps and options.vad:
-        snap_words_to_speech(result["segments"], speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     segments = [_segment(i, s, duration) for i, s in enumerate(result["segments"])]
+    if options.word_timestamps and options.vad:
+        snap_to_speech(segments, speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     for segment in segments if on_segment else ():
         on_segment(segment)
     if not segments:

@@ -1,0 +1,207 @@
+"""Word times for a whole batch of windows at once: openai-whisper's method (DTW over the
+cross-attention weights of the alignment heads), with one decoder pass over the batch on the
+features the engine already encoded, where openai-whisper encodes each window again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..audio.constants import SAMPLE_RATE
+from ..results import Segment
+
+if TYPE_CHECKING:
+    import torch
+
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # openai-whisper's defaults
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+SENTENCE_END_MARKS = ".。!！?？"
+MEDIAN_FILTER_WIDTH = 7
+
+
+@dataclass
+class WordTiming:
+    word: str
+    tokens: list[int]
+    start: float  # seconds from the start of the window
+    end: float
+    probability: float
+
+
+@dataclass
+class AlignmentRow:
+    """One window of a batch to align: its row of the features, what it said, how long it is."""
+
+    row: int  # index into the batch's features
+    prefix: list[int]  # the start-of-transcript sequence the text was decoded after
+    text_tokens: list[int]
+    frames: int  # mel frames of the window's audio (100 a second)
+
+
+def align_batch(
+    model, features: torch.Tensor, rows: list[AlignmentRow], tokenizer, bfloat16: bool = False
+) -> list[list[WordTiming]]:
+    """WordTimings of each row's text, from one decoder pass over all rows ([rows, 1500, width]
+    features). bfloat16: the pass in bfloat16 autocast, where the encoder runs so (a CPU where it is faster)."""
+    import torch
+    from whisper.model import disable_sdpa
+
+    heads = model.alignment_heads.indices().T.tolist()  # (layer, head) pairs
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    sequences = [[*r.prefix, tokenizer.no_timestamps, *r.text_tokens, tokenizer.eot] for r in rows]
+    width = max(len(s) for s in sequences)
+    tokens = torch.full((len(rows), width), tokenizer.eot, dtype=torch.long, device=features.device)
+    for i, sequence in enumerate(sequences):  # padded at the end: the causal mask keeps the pads out
+        tokens[i, : len(sequence)] = torch.tensor(sequence)
+    weights: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int):
+        def hook(module, inputs, outputs):
+            weights[layer] = outputs[-1][:, by_layer[layer]].float()  # [rows, heads, tokens, 1500]
+
+        return hook
+
+    decoder = model.decoder
+    hooks = [decoder.blocks[layer].cross_attn.register_forward_hook(keep(layer)) for layer in by_layer]
+    audio = features[[r.row for r in rows]].to(next(model.parameters()).dtype)
+    try:
+        with torch.no_grad(), disable_sdpa(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+            x = decoder.token_embedding(tokens) + decoder.positional_embedding[: tokens.shape[1]]
+            x = x.to(audio.dtype)
+            for block in decoder.blocks:
+                x = block(x, audio, mask=decoder.mask)
+            probabilities = _text_probabilities(model, x, rows, tokenizer)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    qk = torch.cat([weights[layer] for layer in sorted(by_layer)], dim=1)
+    return [_row_timings(qk[i], probabilities[i], r, tokenizer) for i, r in enumerate(rows)]
+
+
+def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokenizer) -> list[list[float]]:
+    """Each row's probability of each of its text tokens, projecting only the positions that
+    predict them ([rows, tokens, width] hidden states) onto the text vocabulary."""
+    import torch
+
+    starts = [len(r.prefix) for r in rows]  # the no-timestamps position, which predicts the first text token
+    picked = torch.cat([x[i, s : s + len(r.text_tokens)] for i, (s, r) in enumerate(zip(starts, rows))])
+    vocabulary = model.decoder.token_embedding.weight[: tokenizer.eot]
+    logits = (model.decoder.ln(picked) @ vocabulary.T.to(picked.dtype)).float()
+    targets = torch.tensor([t for r in rows for t in r.text_tokens])
+    probs = logits.softmax(dim=-1)[torch.arange(len(targets)), targets].tolist()
+    out, at = [], 0
+    for r in rows:
+        out.append(probs[at : at + len(r.text_tokens)])
+        at += len(r.text_tokens)
+    return out
+
+
+def _row_timings(qk: torch.Tensor, text_probs: list[float], row: AlignmentRow, tokenizer) -> list[WordTiming]:
+    """openai-whisper's find_alignment for one row of a batch: qk [heads, tokens, 1500]."""
+    import torch
+    from whisper.audio import TOKENS_PER_SECOND
+    from whisper.timing import dtw, median_filter
+
+    text = row.text_tokens
+    if not text:
+        return []
+    start = len(row.prefix)
+    length = start + 1 + len(text) + 1
+    weights = qk[:, :length, : row.frames // 2].softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
+    matrix = weights.mean(dim=0)[start:-1]
+    text_indices, time_indices = dtw(-matrix)
+    words, word_tokens = tokenizer.split_to_word_tokens(text + [tokenizer.eot])
+    if len(word_tokens) <= 1:
+        return []
+    boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+    jumps = np.pad(np.diff(text_indices), (1, 0), constant_values=1).astype(bool)
+    jump_times = time_indices[jumps] / TOKENS_PER_SECOND
+    return [
+        WordTiming(word, tokens, float(jump_times[i]), float(jump_times[j]), float(np.mean(text_probs[i:j])))
+        for word, tokens, i, j in zip(words[:-1], word_tokens[:-1], boundaries[:-1], boundaries[1:])
+    ]
+
+
+def place_words(segments: list[Segment], alignment: list[WordTiming], offset: float, last_speech: float) -> float:
+    """Give a window's segments their words, as openai-whisper's add_word_timestamps does: long
+    words at sentence and segment boundaries cut to twice the median, punctuation merged into
+    its word, segment bounds moved to their words. offset: the window's start in its input,
+    seconds. Returns the end of the last segment with words, for the window after."""
+    from whisper.timing import merge_punctuations
+
+    durations = np.array([t.end - t.start for t in alignment])
+    durations = durations[durations.nonzero()]
+    median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
+    longest = median * 2
+    if len(durations):
+        for i in range(1, len(alignment)):
+            if alignment[i].end - alignment[i].start > longest:
+                if alignment[i].word in SENTENCE_END_MARKS:
+                    alignment[i].end = alignment[i].start + longest
+                elif alignment[i - 1].word in SENTENCE_END_MARKS:
+                    alignment[i].start = alignment[i].end - longest
+    merge_punctuations(alignment, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
+    timings = iter(alignment)
+    for segment in segments:
+        words, taken = [], 0
+        while taken < len(segment.tokens) and (timing := next(timings, None)) is not None:
+            if timing.word:
+                words.append(
+                    {
+                        "word": timing.word,
+                        "start": round(offset + timing.start, 2),
+                        "end": round(offset + timing.end, 2),
+                        "probability": timing.probability,
+                    }
+                )
+            taken += len(timing.tokens)
+        if words:
+            _fit_segment(segment, words, median, last_speech)
+            segment.start, segment.end = min(segment.start, words[0]["start"]), max(segment.end, words[-1]["end"])
+            last_speech = segment.end
+        segment.words = words
+    return last_speech
+
+
+def _fit_segment(segment: Segment, words: list[dict], median: float, last_speech: float) -> None:
+    """openai-whisper's boundary rules: a first word after a pause no longer than twice the
+    median, and the segment's own times kept where its first or last word runs far past them."""
+    longest = median * 2
+    first_long = words[0]["end"] - words[0]["start"] > longest
+    if words[0]["end"] - last_speech > median * 4 and (
+        first_long or (len(words) > 1 and words[1]["end"] - words[0]["start"] > longest * 2)
+    ):
+        if len(words) > 1 and words[1]["end"] - words[1]["start"] > longest:
+            boundary = max(words[1]["end"] / 2, words[1]["end"] - longest)
+            words[0]["end"] = words[1]["start"] = boundary
+        words[0]["start"] = max(0, words[0]["end"] - longest)
+    if segment.start < words[0]["end"] and segment.start - 0.5 > words[0]["start"]:
+        words[0]["start"] = max(0, min(words[0]["end"] - median, segment.start))
+    else:
+        segment.start = words[0]["start"]
+    if segment.end > words[-1]["start"] and segment.end + 0.5 < words[-1]["end"]:
+        words[-1]["end"] = max(words[-1]["start"] + median, segment.end)
+    else:
+        segment.end = words[-1]["end"]
+
+
+def snap_to_speech(segments: list[Segment], regions: list[tuple[int, int]]) -> None:
+    """A word that starts in silence starts where the next speech does: the alignment tends to
+    stretch the first word of a stretch of speech back over the pause before it. regions: VAD's
+    unpadded speech, in samples."""
+    starts = [a / SAMPLE_RATE for a, _ in regions]
+    ends = [b / SAMPLE_RATE for _, b in regions]
+    for segment in segments:
+        for word in segment.words or []:
+            inside = any(a <= word["start"] < b for a, b in zip(starts, ends))
+            later = [a for a in starts if a > word["start"]]
+            if not inside and later and later[0] < word["end"]:
+                word["start"] = round(later[0], 3)
+        if segment.words:
+            segment.start = segment.words[0]["start"]

@@ -1,0 +1,79 @@
+"""Word timestamps in the batched engine: the alignment heads' cross-attention for a whole batch
+at once, checked against openai-whisper's own (the sequential engine) on the same words."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import statistics
+
+import pytest
+
+from ferrum_cli.options import TranscribeOptions
+
+from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum
+
+pytestmark = needs_corpus
+
+
+def _english_clips() -> list[str]:
+    return [r["path"] for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+
+
+def _key(word: str) -> str:
+    return re.sub(r"\W", "", word.lower())
+
+
+@pytest.fixture(scope="module")
+def timed(executor) -> dict[str, tuple]:
+    """Each English clip: (batched result, sequential result), words timed in both."""
+    paths = _english_clips()
+    options = TranscribeOptions(language="en", word_timestamps=True)
+    batched = dict(executor.transcribe_many([(p, p) for p in paths], options))
+    sequential = {p: executor.transcribe(p, TranscribeOptions(language="en", word_timestamps=True, sequential=True))
+                  for p in paths}  # fmt: skip
+    return {p: (batched[p], sequential[p]) for p in paths}
+
+
+def test_every_word_of_the_text_has_a_time_inside_its_segment_and_in_order(timed):
+    for path, (result, _) in timed.items():
+        assert result.options["engine"] == "batched", path
+        found = [w for s in result.segments for w in s.words]
+        assert found, path
+        for segment in result.segments:
+            assert "".join(w["word"] for w in segment.words).strip() == segment.text.strip(), path
+            assert all(segment.start <= w["start"] <= w["end"] <= segment.end for w in segment.words), path
+        assert all(a["start"] <= b["start"] and a["end"] <= b["end"] for a, b in zip(found, found[1:])), path
+        assert all(0 <= w["probability"] <= 1 for w in found)
+        assert all(type(w[key]) is float for w in found for key in ("start", "end", "probability"))
+
+
+def test_word_times_are_within_a_fifth_of_a_second_of_openai_whisper(timed):
+    """Median over every word both engines read alike, starts and ends."""
+    gaps = []
+    for batched, sequential in timed.values():
+        ours = [w for s in batched.segments for w in s.words]
+        theirs = [w for s in sequential.segments for w in s.words]
+        matcher = difflib.SequenceMatcher(a=[_key(w["word"]) for w in ours], b=[_key(w["word"]) for w in theirs])
+        for block in matcher.get_matching_blocks():
+            for k in range(block.size):
+                a, b = ours[block.a + k], theirs[block.b + k]
+                gaps += [abs(a["start"] - b["start"]), abs(a["end"] - b["end"])]
+    assert len(gaps) >= 2 * 150  # most of the clips' 200-odd words are read alike
+    assert statistics.median(gaps) <= 0.2, statistics.median(gaps)
+
+
+def test_subtitle_lines_from_batched_word_times(tmp_path):
+    proc = run_ferrum(
+        "transcribe", str(corpus(JFK)), "--word-timestamps", "-f", "srt", "-f", "json", "--max-words-per-line", "3",
+        "--highlight-words", "-o", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "en_jfk_inaugural_1961.json").read_text())
+    assert doc["options"]["engine"] == "batched"
+    srt = (tmp_path / "en_jfk_inaugural_1961.srt").read_text()
+    cues = [c.splitlines() for c in srt.strip().split("\n\n")]
+    assert len(cues) >= 20  # highlighting: a cue per word
+    assert all(len(re.sub(r"</?u>", "", cue[2]).split()) <= 3 for cue in cues)
+    assert all("<u>" in cue[2] for cue in cues)
