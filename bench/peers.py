@@ -1,6 +1,6 @@
 """Run a peer system over audio files in this process and print JSON: texts, segments and seconds.
 
-    python bench/peers.py openai  --model base.pt  --language en [--device cuda] a.wav b.wav
+    python bench/peers.py openai  --model base.pt  --language en [--device cuda] [--word-timestamps] a.wav
     python bench/peers.py faster  --model ct2_dir  --language en [--batch 8] a.wav
 
 Seconds count transcription only, not the model load, as ../shared/bench/asr_eval.py does.
@@ -38,7 +38,9 @@ def run_openai(args) -> tuple[dict, float, float]:
     loaded = time.perf_counter()
     texts, segments = {}, {}
     for path in args.files:
-        result = model.transcribe(path, language=args.language, fp16=args.device != "cpu")
+        result = model.transcribe(
+            path, language=args.language, fp16=args.device != "cpu", word_timestamps=args.word_timestamps
+        )
         texts[path] = result["text"]
         segments[path] = [[s["start"], s["end"], s["text"]] for s in result["segments"]]
     return texts, segments, loaded - t0, time.perf_counter() - loaded
@@ -68,6 +70,7 @@ def main() -> None:
     parser.add_argument("--language")
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--word-timestamps", action="store_true", help="openai: word_timestamps=True")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
     ffmpeg_on_path()

@@ -99,7 +99,7 @@ def build_audio(work: Path) -> dict:
         "reversed": str(work / "reversed_x4.wav"),
         "reversed_ref": " ".join(refs[clip] for clip, _, _ in reversed_layout),
         "reversed_seconds": len(backwards) / SR,
-        "layouts": {"longform": layout, "reversed": reversed_layout},
+        "layouts": {"longform": layout, "longform words": layout, "reversed": reversed_layout},
         "sixty": str(work / "sixty_minutes.wav"),
         "sixty_seconds": len(six) * 6 / SR,
         "jfk": str(CORPUS / "en_jfk_inaugural_1961.flac"),
@@ -405,6 +405,17 @@ def main() -> None:
         f"[b]reversed[/b] ({rev_s:.0f} s): the same clips in reverse order, 4 times, so that each"
         " follows another clip: the WER columns, not the times"
     )
+    console.print(f"[b]longform with word timestamps[/b] ({lf_s:.0f} s), best time of {ROUNDS}")
+    rounds(
+        "longform words",
+        lf_s,
+        lf_ref,
+        [
+            ("ferrum --word-timestamps", whole, ferrum_run([lf], "--word-timestamps")),
+            (openai_name + " words", only, peer_run("openai", models["pt"], [lf], "--word-timestamps")),
+        ],
+        ROUNDS,
+    )
     rounds(
         "reversed",
         rev_s,
@@ -461,6 +472,14 @@ def main() -> None:
         "longform vs faster-whisper batched": speedup(faster_name + " batch 8"),
         "longform WER ferrum - openai": ferrum_minus_openai("longform", "wer"),
         "longform clip copies missed by ferrum": ours["clips_missed"],
+        "longform --word-timestamps / without": round(
+            by[("longform words", "ferrum --word-timestamps")]["x_realtime"] / ours["x_realtime"], 2
+        ),
+        "longform --word-timestamps vs openai-whisper words": round(
+            by[("longform words", "ferrum --word-timestamps")]["x_realtime"]
+            / by[("longform words", openai_name + " words")]["x_realtime"],
+            2,
+        ),
         "reversed WER ferrum - openai": ferrum_minus_openai("reversed", "wer"),
         "reversed clip copies missed by ferrum": by[("reversed", "ferrum")]["clips_missed"],
         "12 clips x_realtime": by[("12 clips", "ferrum")]["x_realtime"],
@@ -474,6 +493,8 @@ def main() -> None:
         "longform vs faster-whisper batched": (">=", 1.25),
         "longform WER ferrum - openai": ("<=", 0.0),
         "longform clip copies missed by ferrum": ("<=", 0),
+        "longform --word-timestamps / without": (">=", 0.7),
+        "longform --word-timestamps vs openai-whisper words": (">=", 3.0),
         "12 clips x_realtime": (">=", 15),
         "cold start seconds": ("<=", 2.5),
         "60 min peak RSS MB": ("<=", 1536),
