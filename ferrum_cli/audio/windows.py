@@ -75,8 +75,7 @@ def plan_whole(
 
     An input of at most 30 s with speech in it is one window from its first sample to its last,
     as openai-whisper reads it: the encoder takes 30 s whatever the window holds, so trimming
-    its silence saves nothing, while a window that opens where the speech does reads worse
-    (on the corpus' spontaneous-speech clip, "nothing going else going on" lost its "else").
+    its silence saves nothing, while a window that opens where the speech does reads worse.
     """
     planned = []
     for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options)):
