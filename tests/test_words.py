@@ -77,3 +77,19 @@ def test_subtitle_lines_from_batched_word_times(tmp_path):
     assert len(cues) >= 20  # highlighting: a cue per word
     assert all(len(re.sub(r"</?u>", "", cue[2]).split()) <= 3 for cue in cues)
     assert all("<u>" in cue[2] for cue in cues)
+
+
+def test_batched_dtw_is_openai_whispers_step_for_step():
+    """dtw_batch replaces numba's compiled dtw_cpu (a second at the first call): same paths, ties included."""
+    import numpy as np
+    import torch
+    from whisper.timing import dtw_cpu
+
+    from ferrum_cli.engine.words import dtw_batch
+
+    rng = np.random.default_rng(1)
+    costs = [torch.from_numpy(rng.normal(size=(rng.integers(2, 60), rng.integers(30, 400)))).float() for _ in range(12)]
+    costs += [torch.zeros(7, 50), torch.from_numpy(np.round(rng.normal(size=(20, 100)), 1)).float()]  # ties
+    for cost, (text, time) in zip(costs, dtw_batch(costs)):
+        expected = dtw_cpu(cost.double().numpy())
+        assert np.array_equal(text, expected[0]) and np.array_equal(time, expected[1]), tuple(cost.shape)

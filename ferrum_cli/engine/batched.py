@@ -32,6 +32,7 @@ TIMESTAMPS = WINDOW_SAMPLES // TIMESTAMP_SAMPLES + 1  # Whisper's timestamp toke
 GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-text is not allowed
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
 HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
+ALIGN_ROWS = 4  # rows per word-alignment pass
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
 
@@ -328,7 +329,10 @@ class BatchedEngine:
             )
             text = [t for piece in pieces for t in piece.tokens]
             rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, len(window.samples) // HOP_LENGTH))
-        alignments = align_batch(model, features, rows, self.tokenizer, bfloat16=self.compute.encoder == "bfloat16")
+        bfloat16 = self.compute.encoder == "bfloat16"
+        alignments = []  # a few rows a pass: the attention weights of all heads are held per layer
+        for at in range(0, len(rows), ALIGN_ROWS):
+            alignments += align_batch(model, features, rows[at : at + ALIGN_ROWS], self.tokenizer, bfloat16)
         for (_, window, pieces, _), alignment in zip(timed, alignments):
             place_words(pieces, alignment, window.offset, window.offset)
             if self.options.vad:

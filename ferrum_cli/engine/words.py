@@ -79,7 +79,9 @@ def align_batch(
         for hook in hooks:
             hook.remove()
     qk = torch.cat([weights[layer] for layer in sorted(by_layer)], dim=1)
-    return [_row_timings(qk[i], probabilities[i], r, tokenizer) for i, r in enumerate(rows)]
+    matrices = [_alignment_matrix(qk[i], r) for i, r in enumerate(rows)]
+    paths = dtw_batch([-m for m in matrices])
+    return [_word_timings(path, probabilities[i], r, tokenizer) for i, (path, r) in enumerate(zip(paths, rows))]
 
 
 def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokenizer) -> list[list[float]]:
@@ -100,22 +102,66 @@ def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokeni
     return out
 
 
-def _row_timings(qk: torch.Tensor, text_probs: list[float], row: AlignmentRow, tokenizer) -> list[WordTiming]:
-    """openai-whisper's find_alignment for one row of a batch: qk [heads, tokens, 1500]."""
+def _alignment_matrix(qk: torch.Tensor, row: AlignmentRow) -> torch.Tensor:
+    """openai-whisper's find_alignment up to its DTW: [text tokens + 1, frames / 2] from the row's
+    qk [heads, tokens, 1500], normalised per head and median-filtered along time."""
     import torch
+    from whisper.timing import median_filter
+
+    start = len(row.prefix)  # the no-timestamps position, which predicts the first text token
+    length = start + 1 + len(row.text_tokens) + 1
+    weights = qk[:, :length, : row.frames // 2].softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
+    return weights.mean(dim=0)[start:-1]
+
+
+def dtw_batch(costs: list[torch.Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(text indices, time indices) of the cheapest monotone path through each [M, N] cost
+    matrix: openai-whisper's dtw_cpu, step for step and tie for tie, for all matrices at once
+    along anti-diagonals, so that no compiler (numba) is needed at the first call."""
+    import torch
+
+    rows, cols = max(c.shape[0] for c in costs), max(c.shape[1] for c in costs)
+    x = torch.zeros(len(costs), rows, cols, dtype=torch.float64)
+    for b, c in enumerate(costs):  # cells past a matrix's own corner never reach it
+        x[b, : c.shape[0], : c.shape[1]] = c.double()
+    # as dtw_cpu: each step adds a float64 cell to a float32 cost and keeps it in float32
+    cost = torch.full((len(costs), rows + 1, cols + 1), float("inf"), dtype=torch.float32)
+    cost[:, 0, 0] = 0
+    trace = torch.full((len(costs), rows + 1, cols + 1), -1, dtype=torch.int8)
+    for diagonal in range(2, rows + cols + 1):
+        i = torch.arange(max(1, diagonal - cols), min(rows, diagonal - 1) + 1)
+        j = diagonal - i
+        c0, c1, c2 = cost[:, i - 1, j - 1], cost[:, i - 1, j], cost[:, i, j - 1]
+        take0 = (c0 < c1) & (c0 < c2)
+        take1 = ~take0 & (c1 < c0) & (c1 < c2)
+        cost[:, i, j] = (x[:, i - 1, j - 1] + torch.where(take0, c0, torch.where(take1, c1, c2)).double()).float()
+        trace[:, i, j] = torch.where(take0, 0, torch.where(take1, 1, 2)).to(torch.int8)
+    return [_backtrace(trace[b].numpy(), c.shape[0], c.shape[1]) for b, c in enumerate(costs)]
+
+
+def _backtrace(trace: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """openai-whisper's backtrace, from the corner (rows, cols) of a shared trace."""
+    trace = trace[: rows + 1, : cols + 1].copy()
+    trace[0, :], trace[:, 0] = 2, 1
+    i, j, path = rows, cols, []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        step = trace[i, j]
+        i, j = (i - 1, j - 1) if step == 0 else (i - 1, j) if step == 1 else (i, j - 1)
+    text, time = np.array(path[::-1]).T
+    return text, time
+
+
+def _word_timings(path, text_probs: list[float], row: AlignmentRow, tokenizer) -> list[WordTiming]:
+    """The rest of openai-whisper's find_alignment: words from the path's jumps."""
     from whisper.audio import TOKENS_PER_SECOND
-    from whisper.timing import dtw, median_filter
 
     text = row.text_tokens
     if not text:
         return []
-    start = len(row.prefix)
-    length = start + 1 + len(text) + 1
-    weights = qk[:, :length, : row.frames // 2].softmax(dim=-1)
-    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-    weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
-    matrix = weights.mean(dim=0)[start:-1]
-    text_indices, time_indices = dtw(-matrix)
+    text_indices, time_indices = path
     words, word_tokens = tokenizer.split_to_word_tokens(text + [tokenizer.eot])
     if len(word_tokens) <= 1:
         return []
