@@ -13,7 +13,7 @@ from ferrum_cli.audio.vad import speech_regions
 from ferrum_cli.engine.fallback import repetition_loop
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
-from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum, wav_bytes, words
+from .conftest import JFK, corpus, corpus_rows, errors_against, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 
@@ -82,14 +82,7 @@ def _sentence_survives(reference: str, segments, start: float, end: float) -> bo
 
 
 def _wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference).split(), words(hypothesis).split()
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1] / len(ref)
+    return errors_against(reference, hypothesis, "en") / len(words(reference).split())
 
 
 def test_clips_joined_with_silences_keep_every_sentence_with_vad(executor):
