@@ -63,3 +63,21 @@ class ExecutorStateError(FerrumError):
     """The executor was used after shutdown() or while it is broken."""
 
     exit_code = 1
+
+
+class ServiceError(FerrumError):
+    """The server cannot take or finish a request (shutting down, an engine fault)."""
+
+    exit_code = 1
+
+
+class OverloadedError(ServiceError):
+    """More audio is queued than the server takes; the client may retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TooLargeError(InputError):
+    """An upload, or the audio it decodes to, is over the server's limit."""

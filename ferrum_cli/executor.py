@@ -208,6 +208,20 @@ class WhisperModelExecutor:
             finally:
                 self._state = "ready" if self._model is not None else "shutdown"
 
+    def serve(self, share_batches: bool = True, on_batch=None):
+        """A long-lived EngineService on this model, for callers on many threads (the server).
+        It owns the model until closed: do not transcribe through this executor meanwhile."""
+        from .engine.service import EngineService
+
+        self._state = "serving"
+        return EngineService(self._require_model(), share_batches, on_batch, self._count_result)
+
+    def _count_result(self, result) -> None:
+        if isinstance(result, FerrumError):
+            self._counters.errors += 1
+        else:
+            self._count(result)
+
     def _count(self, result: Transcription) -> None:
         c = self._counters
         c.files += 1

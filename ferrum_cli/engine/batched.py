@@ -6,6 +6,7 @@ are cut from a stream as it is read.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -37,6 +38,16 @@ ALIGN_ROWS = 4  # rows per word-alignment pass
 AudioOpener = Callable[[], Iterable[np.ndarray]]
 
 
+@dataclass(frozen=True)
+class SourceRequest:
+    """An input for the engine, with the options a caller may set per input (the server's requests)."""
+
+    key: object
+    open_audio: AudioOpener  # gives the input's audio chunks, float32 16 kHz mono
+    language: str | None = None  # None: the engine's option, else detected
+    word_timestamps: bool = False  # time this input's words even if the engine's options do not
+
+
 class CountedChunks:
     """Passes chunks through and counts their samples and their peak: the duration and level of a stream."""
 
@@ -56,6 +67,8 @@ class Source:
     """One input of the engine: its planned windows, its language, what has been decoded."""
 
     key: object
+    requested_language: str | None = None
+    word_timestamps: bool = False
     counted: CountedChunks | None = None
     windows: Iterator[tuple[float, np.ndarray]] | None = None  # (offset seconds, samples), planned as read
     language: str = "und"
@@ -81,13 +94,14 @@ class Source:
     def result(self, options: TranscribeOptions) -> Transcription:
         text = "".join(s.text for s in self.segments).strip()
         duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
-        used = {**asdict(options), "language": options.language or self.language, "engine": "batched"}
+        used = {**asdict(options), "language": options.language or self.requested_language or self.language}
+        used.update(engine="batched", word_timestamps=options.word_timestamps or self.word_timestamps)
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
         result = Transcription(text, self.segments, language, probability, duration, used)
         result.peak = self.counted.peak if self.counted else 0.0
         if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
             result.warnings.append(warning)
-        if options.word_timestamps and options.task == "translate" and self.segments:  # as openai-whisper warns
+        if used["word_timestamps"] and options.task == "translate" and self.segments:  # as openai-whisper warns
             result.warnings.append("Word-level timestamps on translations may not be reliable.")
         return result
 
@@ -115,6 +129,11 @@ class BatchedEngine:
     the windows waiting for a batch. Each batch takes up to batch_size windows from the front of
     the queue, whatever sources they come from; tails (the rest of a window Whisper ended early)
     go first into the next batch. A source is handed back once its last window is decoded.
+
+    Two ways to drive it: run(), for a list of inputs handed back in input order (the CLI), and
+    submit() with step(), for a long-lived engine that inputs join while it works (the server):
+    there new inputs are opened before more windows are read, windows are read from every
+    source in turn, and each source is handed back as soon as it is done.
     """
 
     def __init__(self, model, options: TranscribeOptions) -> None:
@@ -134,8 +153,11 @@ class BatchedEngine:
         self.prompt = self.tokenizer.encode(" " + prompt_text) if prompt_text else None
         self.sources: list[Source] = []
         self.queue: list[Window] = []
-        self.incoming: Iterator[tuple[object, AudioOpener]] = iter(())
+        self.incoming: Iterator[SourceRequest] = iter(())
+        self.inbox: deque[SourceRequest] = deque()  # submitted, not yet opened
         self.on_segment: Callable[[object, Segment], None] | None = None
+        self.shared = False  # submit() and step(): fair reading, sources handed back out of order
+        self.last_batch = 0  # windows in the batch step() decoded last
 
     def run(
         self,
@@ -146,7 +168,7 @@ class BatchedEngine:
         """(key, result) for each (key, open) of sources, in input order, each as soon as its last
         window is decoded; open() gives the input's audio chunks, and an input that cannot be read
         comes back as its error while the others go on."""
-        self.incoming, self.on_segment = iter(sources), on_segment
+        self.incoming, self.on_segment = (SourceRequest(key, opener) for key, opener in sources), on_segment
         while True:
             self._fill()
             while self.sources and self.sources[0].done:
@@ -161,22 +183,81 @@ class BatchedEngine:
             if on_progress:
                 on_progress(last.source.key, last.end)
 
+    # -- a long-lived engine ---------------------------------------------------------------
+
+    def submit(self, request: SourceRequest) -> None:
+        """Queue an input; step() opens it before it reads more of the inputs already started."""
+        self.shared, self.incoming = True, self._take_submitted()
+        self.inbox.append(request)
+
+    def _take_submitted(self) -> Iterator[SourceRequest]:
+        while self.inbox:
+            yield self.inbox.popleft()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.inbox or self.sources or self.queue)
+
+    def step(self) -> list[tuple[object, Transcription | FerrumError]]:
+        """Open what was submitted, decode one batch, and hand back every source that is done."""
+        self.incoming = self._take_submitted()
+        self._fill()
+        self.last_batch = 0
+        if self.queue:
+            self.last_batch = min(len(self.queue), self.options.batch_size)
+            self._decode_next_batch()
+            release_freed_memory()
+        done = [source for source in self.sources if source.done]
+        self.sources = [source for source in self.sources if not source.done]
+        return [(source.key, source.error or source.result(self.decoding)) for source in done]
+
+    def cancel(self, key) -> bool:
+        """Forget an input: its windows leave the queue and its audio is closed. False if it is not here."""
+        for request in list(self.inbox):
+            if request.key is key:
+                self.inbox.remove(request)
+                return True
+        for source in self.sources:
+            if source.key is key:
+                self.queue[:] = [w for w in self.queue if w.source is not source]
+                self.sources.remove(source)
+                if hasattr(source.windows, "close"):
+                    source.windows.close()  # a stream stops its decoder
+                return True
+        return False
+
     # -- taking sources in ---------------------------------------------------------------
 
     def _fill(self) -> None:
         """Queue windows until a batch is full or no source has more."""
         while len(self.queue) < self.options.batch_size:
+            if self.shared:
+                if self._open_some():
+                    continue
+                reading = [source for source in self.sources if source.reading]
+                if not reading:
+                    return
+                for source in reading:  # in turn, so that a long input never holds the others back
+                    if len(self.queue) < self.options.batch_size:
+                        self._read_window(source)
+                continue
             if self.sources and self.sources[-1].reading:
                 self._read_window(self.sources[-1])
                 continue
-            group, other = self._open_next()
-            if not group and other is None:
+            if not self._open_some():
                 return
-            if group:
-                self._plan_short(group)
-            self.sources.extend(self._start(source, whole=True) for source in group)
-            if other is not None:
-                self.sources.append(self._start(other, whole=False))
+
+    def _open_some(self) -> bool:
+        """Open the next inputs and queue their first windows; False when none is waiting."""
+        group, other = self._open_next()
+        if not group and other is None:
+            return False
+        if group:
+            self._plan_short(group)
+        self.sources.extend(self._start(source, whole=True) for source in group)
+        if other is not None:
+            self.sources.append(self._start(other, whole=False))
+        return True
 
     def _read_window(self, source: Source) -> None:
         try:
@@ -193,18 +274,18 @@ class BatchedEngine:
             item = next(self.incoming, None)
             if item is None:
                 return group, None
-            source = self._open(*item)
+            source = self._open(item)
             if source.short is None:
                 return group, source
             group.append(source)
         return group, None
 
-    def _open(self, key, open_audio: AudioOpener) -> Source:
+    def _open(self, request: SourceRequest) -> Source:
         """An input that ends within its first 30 s is read whole (`short`), so that its VAD runs
         together with that of other short ones; a longer one is planned as it streams."""
-        source = Source(key)
+        source = Source(request.key, request.language, request.word_timestamps)
         try:
-            source.counted = CountedChunks(open_audio())
+            source.counted = CountedChunks(request.open_audio())
             chunks = iter(source.counted)
             head = list(itertools.islice(chunks, 2))
         except FerrumError as exc:
@@ -236,8 +317,8 @@ class BatchedEngine:
             return source
         samples = [w for _, w in first]
         features = encode_windows(self.model, samples, self.compute.encoder) if first else None
-        if self.options.language is not None:
-            source.language, source.probability = self.options.language, 1.0
+        if (language := self.options.language or source.requested_language) is not None:
+            source.language, source.probability = language, 1.0
         elif features is not None:
             source.language, source.probability = detect_language(self.model, samples, features=features)
         if source.language == "und":
@@ -310,7 +391,7 @@ class BatchedEngine:
             for piece in pieces:
                 piece.language = result.language if self.per_window else None
                 found.append((piece, window.source))
-            if opts.word_timestamps and pieces:
+            if (opts.word_timestamps or window.source.word_timestamps) and pieces:
                 timed.append((i, window, pieces, result.language if self.per_window else window.source.language))
             if tail := unfinished_tail(result, pieces, window, opts, self.tokenizer):
                 tails.append(Window(window.source, *tail, tail=True, follows=pieces[-1].text))

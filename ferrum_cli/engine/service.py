@@ -1,0 +1,161 @@
+"""One long-lived engine on its own thread, which callers on other threads (the server's requests)
+feed: each batch takes windows from every request that has some ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..errors import FerrumError, ServiceError
+from ..options import TranscribeOptions
+from ..results import Segment, Transcription
+from .batched import BatchedEngine, SourceRequest
+
+log = logging.getLogger("ferrum.engine")
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One submitted input: its callbacks, called on the engine's thread."""
+
+    open_audio: Callable[[], Iterable[np.ndarray]]
+    options: TranscribeOptions
+    on_segment: Callable[[Segment], None]  # each segment, in time order, as soon as it is final
+    on_done: Callable[[Transcription | FerrumError], None]  # once, last
+    finished: bool = field(default=False, init=False)
+
+    def finish(self, result: Transcription | FerrumError) -> None:
+        if not self.finished:
+            self.finished = True
+            self.on_done(result)
+
+
+def engine_key(options: TranscribeOptions) -> TranscribeOptions:
+    """What must be equal for two inputs to share a batch: language and word times are per input;
+    the task, prompt and temperatures shape every row of a batch."""
+    return replace(options, language=None, word_timestamps=False)
+
+
+class EngineService:
+    """A thread that owns the model and runs batches while any input is waiting.
+
+    Inputs with the same engine_key share one BatchedEngine, and so its batches; the thread takes
+    one batch from each busy engine in turn. share_batches=False decodes one input at a time, in
+    the order they came: the server without cross-request batching, for comparison.
+    """
+
+    def __init__(
+        self, model, share_batches: bool = True, on_batch: Callable[[int, int], None] | None = None,
+        on_result: Callable[[Transcription | FerrumError], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.share_batches, self.on_batch, self.on_result = model, share_batches, on_batch, on_result
+        self._engines: dict[TranscribeOptions, BatchedEngine] = {}
+        self._tickets: dict[TranscribeOptions, set[Ticket]] = {}
+        self._submitted: list[Ticket] = []
+        self._cancelled: list[Ticket] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, ticket: Ticket) -> Ticket:
+        with self._wake:
+            if self._stopping:
+                raise ServiceError("the engine is shutting down")
+            self._submitted.append(ticket)
+            self._wake.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Drop an input's windows (its client went away); on_done is not called."""
+        with self._wake:
+            ticket.finished = True
+            self._cancelled.append(ticket)
+            self._wake.notify()
+
+    @property
+    def waiting(self) -> int:
+        """Inputs submitted and not yet done."""
+        with self._wake:
+            return len(self._submitted) + sum(len(t) for t in self._tickets.values())
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what was submitted, then stop the thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    # -- the engine's thread -----------------------------------------------------------
+
+    def _loop(self) -> None:
+        turn = 0
+        while True:
+            with self._wake:
+                while not (self._submitted or self._cancelled or self._busy()):
+                    if self._stopping:
+                        return
+                    self._wake.wait()
+                self._take_cancelled()
+                self._take_submitted()
+                busy = [key for key in self._engines if self._engines[key].busy]
+            if not busy:
+                continue
+            key = busy[turn % len(busy)]
+            turn += 1
+            self._step(key)
+
+    def _busy(self) -> bool:
+        return any(engine.busy for engine in self._engines.values())
+
+    def _take_cancelled(self) -> None:
+        for ticket in self._cancelled:
+            if ticket in self._submitted:
+                self._submitted.remove(ticket)
+            for key, tickets in self._tickets.items():
+                if ticket in tickets:
+                    tickets.discard(ticket)
+                    self._engines[key].cancel(ticket)
+        self._cancelled.clear()
+
+    def _take_submitted(self) -> None:
+        while self._submitted:
+            if not self.share_batches and self._busy():
+                return  # one input at a time
+            ticket = self._submitted.pop(0)
+            key = engine_key(ticket.options)
+            if key not in self._engines:
+                self._engines[key] = BatchedEngine(self.model, key)
+                self._engines[key].on_segment = lambda t, segment: t.on_segment(segment)
+                self._tickets[key] = set()
+            self._tickets[key].add(ticket)
+            request = SourceRequest(ticket, ticket.open_audio, ticket.options.language, ticket.options.word_timestamps)
+            self._engines[key].submit(request)
+
+    def _step(self, key: TranscribeOptions) -> None:
+        engine = self._engines[key]
+        try:
+            finished = engine.step()
+        except Exception as exc:  # a fault of the engine, not of one input: its inputs fail, the others go on
+            log.error("engine failed: %s: %s", type(exc).__name__, exc)
+            log.debug("engine failure", exc_info=True)
+            with self._wake:
+                tickets = self._tickets.pop(key)
+                del self._engines[key]
+            for ticket in tickets:
+                ticket.finish(ServiceError(f"transcription failed: {type(exc).__name__}"))
+            return
+        if self.on_batch and engine.last_batch:
+            self.on_batch(engine.last_batch, key.batch_size)
+        with self._wake:
+            for ticket, _ in finished:
+                self._tickets[key].discard(ticket)
+        for ticket, result in finished:
+            if self.on_result:
+                self.on_result(result)
+            ticket.finish(result)
