@@ -66,7 +66,17 @@ def test_no_layer_imports_one_that_imports_it():
 
 
 def test_the_lower_layers_know_nothing_of_the_upper_ones():
-    upper = {"ferrum_cli.cli", "ferrum_cli.batch", "ferrum_cli.executor", "ferrum_cli.status"}
+    upper = {"ferrum_cli.cli", "ferrum_cli.batch", "ferrum_cli.executor", "ferrum_cli.status", "ferrum_cli.server"}
     for module, imported in _imports().items():
         if _layer(module) in {"ferrum_cli.audio", "ferrum_cli.engine", "ferrum_cli.weights", "ferrum_cli.platform"}:
             assert not {_layer(m) for m in imported} & upper, module
+
+
+def test_the_server_is_a_front_end_like_the_cli():
+    """Neither front end reaches into the other: both call the library below them."""
+    for module, imported in _imports().items():
+        layers = {_layer(m) for m in imported}
+        if _layer(module) == "ferrum_cli.server":
+            assert not layers & {"ferrum_cli.cli", "ferrum_cli.batch"}, module
+        if _layer(module) in {"ferrum_cli.batch", "ferrum_cli.executor"}:
+            assert "ferrum_cli.server" not in layers, module

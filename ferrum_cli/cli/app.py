@@ -11,6 +11,7 @@ import typer
 
 from .. import __version__
 from . import describe
+from . import serve as serve_command
 from .console import err, state
 from .transcribe import EXAMPLES, transcribe
 
@@ -22,6 +23,7 @@ app = typer.Typer(
     help="Fast, careful Whisper speech-to-text. Files, folders, globs or a pipe in; txt, srt, vtt, json out.",
 )
 app.command(epilog=EXAMPLES)(transcribe)
+app.command(epilog=serve_command.EXAMPLES)(serve_command.serve)
 app.command(epilog="[b]Examples[/b]\n\n  ferrum info\n  ferrum info --model tiny.en --json")(describe.info)
 app.command(epilog="[b]Examples[/b]\n\n  ferrum status\n  ferrum status --json")(describe.status)
 app.command(epilog="[b]Examples[/b]\n\n  ferrum warmup\n  ferrum warmup --model tiny.en --device cpu --json")(

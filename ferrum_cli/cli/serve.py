@@ -1,0 +1,139 @@
+"""`ferrum serve`: its options in help panels, checked, and handed to uvicorn with the app."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+from ..options import MAX_BATCH_SIZE
+from .console import call, fail
+from .transcribe import MODEL_PANEL, SPEED_PANEL, Compute, Dtype, _complete_devices
+
+SERVER_PANEL = "Server"
+LIMITS_PANEL = "Limits"
+
+EXAMPLES = """
+[b]Examples[/b]
+
+  ferrum serve
+  ferrum serve --port 9000 --model tiny.en
+  FERRUM_API_KEY=secret ferrum serve --host 0.0.0.0
+  curl -s localhost:8000/v1/audio/transcriptions -F file=@talk.mp3 -F model=whisper-1
+"""
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.", rich_help_panel=SERVER_PANEL)] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535, rich_help_panel=SERVER_PANEL)] = (
+        8000
+    ),
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FERRUM_API_KEY", help="Clients must send 'Authorization: Bearer KEY'.", rich_help_panel=SERVER_PANEL
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth", help="Listen beyond loopback without a key, on purpose.", rich_help_panel=SERVER_PANEL
+        ),
+    ] = False,
+    grace: Annotated[
+        float, typer.Option(help="Seconds to finish requests on SIGTERM/Ctrl-C.", min=0, rich_help_panel=SERVER_PANEL)
+    ] = 30.0,
+    max_queue_seconds: Annotated[
+        float, typer.Option(help="Audio seconds queued before 429.", min=1, rich_help_panel=LIMITS_PANEL)
+    ] = 3600.0,
+    max_upload_mb: Annotated[
+        float, typer.Option(help="Largest upload, in MB, before 413.", min=0.001, rich_help_panel=LIMITS_PANEL)
+    ] = 25.0,
+    model: Annotated[
+        str,
+        typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL),
+    ] = "base",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_devices, rich_help_panel=MODEL_PANEL
+        ),
+    ] = "auto",
+    dtype: Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.", rich_help_panel=MODEL_PANEL)] = (
+        Dtype.auto
+    ),
+    batch_size: Annotated[
+        int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
+    ] = 12,
+    compute: Annotated[
+        Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
+    ] = Compute.auto,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)
+    ] = None,
+    share_batches: Annotated[
+        bool, typer.Option(help="Windows of concurrent requests share batches.", rich_help_panel=SPEED_PANEL)
+    ] = True,
+) -> None:
+    """Serve OpenAI's audio API (/v1/audio/transcriptions, /v1/audio/translations) over HTTP."""
+    from ..engine.encoder import check_compute
+    from ..options import TranscribeOptions
+    from ..server.app import ServerSettings, create_app
+
+    if not is_loopback(host) and not api_key and not no_auth:
+        fail(UsageError(f"--host {host} reaches beyond this machine: set --api-key (or FERRUM_API_KEY), or --no-auth"))
+    call(check_compute, compute.value)
+    try:
+        import uvicorn
+    except ImportError:
+        fail(UsageError("ferrum serve needs its extra: pip install 'ferrum-cli[serve]'"))
+    options = TranscribeOptions(batch_size=batch_size, compute=compute.value)
+    settings = ServerSettings(
+        model=model, device=device, dtype=dtype.value, threads=threads, api_key=api_key or None,
+        max_queue_seconds=max_queue_seconds, max_upload_mb=max_upload_mb, share_batches=share_batches, options=options,
+    )  # fmt: skip
+    fatal = []
+
+    def on_fatal(exc) -> None:
+        fatal.append(exc)
+        server.should_exit = True
+
+    _log_like_uvicorn()
+    config = uvicorn.Config(
+        create_app(settings, on_fatal), host=host, port=port, log_level="info", timeout_graceful_shutdown=grace,
+        lifespan="on", server_header=False,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn re-raises the signal it shut down on, to these
+        signal.signal(sig, lambda *_: None)  # a shutdown asked for is a success: exit 0
+    server.run()
+    if fatal:
+        raise typer.Exit(fatal[0].exit_code)
+    if not server.started:  # uvicorn said why (a port in use)
+        raise typer.Exit(1)
+
+
+def _log_like_uvicorn() -> None:
+    """The server's own lines in uvicorn's format, on stderr; tracebacks only at DEBUG."""
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+    for name in ("ferrum.server", "ferrum.engine"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False

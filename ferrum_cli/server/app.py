@@ -1,0 +1,397 @@
+"""The FastAPI app: OpenAI's audio endpoints, parsed and answered here, transcribed by one
+EngineService that all requests share."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import tempfile
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from ..engine.service import Ticket
+from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
+from ..options import TranscribeOptions
+from ..results import Transcription
+from .gate import Gate
+from .metrics import ServerMetrics
+from .openai_format import (
+    GRANULARITIES,
+    RESPONSE_FORMATS,
+    APIError,
+    delta_event,
+    done_event,
+    response_body,
+    sse,
+)
+from .uploads import decode_upload
+
+log = logging.getLogger("ferrum.server")
+MODEL_ALIASES = ("whisper-1",)  # what clients written for OpenAI send
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What `ferrum serve` was started with."""
+
+    model: str = "base"
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    api_key: str | None = None
+    max_queue_seconds: float = 3600.0  # audio queued or being decoded, over all requests
+    max_upload_mb: float = 25.0  # OpenAI's own limit
+    share_batches: bool = True  # False: one request at a time (to measure what sharing gains)
+    options: TranscribeOptions = TranscribeOptions()  # batch size, compute; the rest comes per request
+
+
+class Admission:
+    """Audio seconds in the queue, and the 429 when a request would take them over the limit."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit, self.queued, self.requests = limit, 0.0, 0
+        self.rate = 10.0  # audio seconds per second, updated as requests finish: for Retry-After
+        self._lock = threading.Lock()
+
+    def reserve(self, seconds: float) -> None:
+        with self._lock:
+            if self.queued and self.queued + seconds > self.limit:
+                wait = max(1, math.ceil(self.queued / max(self.rate, 0.1)))
+                raise OverloadedError(
+                    f"the server is busy: {self.queued:.0f} s of audio queued, limit {self.limit:.0f} s; retry later",
+                    wait,
+                )
+            self.queued += seconds
+            self.requests += 1
+
+    def release(self, seconds: float, elapsed: float | None = None) -> None:
+        with self._lock:
+            self.queued = max(0.0, self.queued - seconds)
+            self.requests -= 1
+            if elapsed:
+                self.rate = 0.8 * self.rate + 0.2 * seconds / max(elapsed, 1e-3)
+
+
+class Server:
+    """The state behind the endpoints: the model (loaded on a thread while /health says so),
+    the engine, the queue's admission, the metrics."""
+
+    def __init__(self, settings: ServerSettings, on_fatal=None) -> None:
+        self.settings, self.on_fatal = settings, on_fatal
+        self.state, self.executor, self.service = "loading", None, None
+        self.model_name = settings.model
+        self.admission = Admission(settings.max_queue_seconds)
+        self.metrics = ServerMetrics()
+        self.folder = Path(tempfile.mkdtemp(prefix="ferrum-serve-"))
+
+    def load(self) -> None:
+        """Load and warm the model; a model that cannot load ends the server (on_fatal)."""
+        from ..executor import WhisperModelExecutor
+
+        start = time.perf_counter()
+        try:
+            if self.settings.threads:
+                import torch
+
+                torch.set_num_threads(self.settings.threads)
+            executor = WhisperModelExecutor.from_path(self.settings.model, self.settings.device, self.settings.dtype)
+            executor.check_options(self.settings.options)
+            executor.warmup()
+        except FerrumError as exc:
+            log.error("cannot load model %s: %s", self.settings.model, exc.message)
+            self.state = "failed"
+            if self.on_fatal:
+                self.on_fatal(exc)
+            return
+        self.executor, self.model_name = executor, executor.info()["name"]
+        self.service = executor.serve(self.settings.share_batches, self._batch_done)
+        self.state = "ready"
+        log.info(
+            "ready: model %s on %s (%s) in %.1f s",
+            self.model_name, executor.device, executor.dtype, time.perf_counter() - start,
+        )  # fmt: skip
+
+    def _batch_done(self, windows: int, batch_size: int) -> None:
+        self.metrics.batch_fill.observe(windows / batch_size)
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    # -- a request ---------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if self.state != "ready":
+            raise APIError(503, f"the model is {self.state}; try again shortly", "server_error", code="model_loading")
+        accepted = {self.model_name, self.settings.model, *MODEL_ALIASES}
+        if model is not None and model.strip() and model.strip() not in accepted:
+            raise APIError.of(
+                ModelNotFoundError(
+                    f"model {model!r} is not served here; this server runs {self.model_name!r} (or send whisper-1)"
+                )
+            )
+
+    def options_for(self, task, language, prompt, temperature, words) -> TranscribeOptions:
+        from ..engine.language import language_code
+
+        try:
+            code = language_code(language) if language else None
+        except UsageError as exc:
+            raise APIError.of(exc, "language") from None
+        if not 0.0 <= temperature <= 1.0:
+            raise APIError(400, "temperature must be between 0 and 1", param="temperature")
+        # OpenAI's rule: at 0 the temperature rises on fallback; above 0, fallback starts there
+        steps = int(round((1.0 - temperature) / 0.2)) + 1
+        temperatures = tuple(round(temperature + 0.2 * i, 4) for i in range(steps)) if temperature < 1 else (1.0,)
+        options = replace(
+            self.settings.options, task=task, language=code, initial_prompt=prompt or None,
+            temperature=temperatures, word_timestamps=words,
+        )  # fmt: skip
+        try:
+            self.executor.check_options(options)
+        except UsageError as exc:
+            raise APIError.of(exc, "language" if task == "transcribe" else None) from None
+        return options
+
+    async def transcribe(self, request: Request, task: str, form: dict):
+        fmt = (form["response_format"] or "json").strip()
+        if fmt not in RESPONSE_FORMATS:
+            formats = ", ".join(RESPONSE_FORMATS)
+            raise APIError(400, f"response_format must be one of {formats}", param="response_format")
+        granularities = tuple(dict.fromkeys(g.strip() for g in form["timestamp_granularities"] or [] if g.strip()))
+        if bad := [g for g in granularities if g not in GRANULARITIES]:
+            raise APIError(400, f"unknown timestamp granularity {bad[0]!r}; use segment or word",
+                           param="timestamp_granularities")  # fmt: skip
+        if granularities and fmt != "verbose_json":
+            raise APIError(400, "timestamp_granularities need response_format=verbose_json",
+                           param="timestamp_granularities")  # fmt: skip
+        upload: UploadFile | None = form["file"]
+        if upload is None or isinstance(upload, str):
+            raise APIError(400, "no file: send the audio as the multipart field 'file'", param="file")
+        self.check_model(form["model"])
+        options = self.options_for(
+            task, form.get("language"), form["prompt"], form["temperature"], "word" in granularities
+        )
+        try:
+            decoded = await run_in_threadpool(decode_upload, upload.file, self.folder, self.settings.max_queue_seconds)
+        except FerrumError as exc:
+            raise APIError.of(exc, "file") from None
+        finally:
+            await upload.close()
+        try:
+            self.admission.reserve(decoded.seconds)
+        except OverloadedError as exc:
+            decoded.close()
+            raise APIError.of(exc) from None
+        self.metrics.queue_requests.set(self.admission.requests)
+        self.metrics.queue_audio_seconds.set(self.admission.queued)
+        job = Job(asyncio.get_running_loop())
+        ticket = Ticket(decoded.chunks, options, job.segment, job.done)
+        try:
+            self.service.submit(ticket)
+        except ServiceError as exc:
+            self._finished(decoded, None)
+            raise APIError.of(exc) from None
+        started = time.perf_counter()
+        if form["stream"]:
+            return StreamingResponse(
+                self._events(request, job, ticket, decoded, started), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )  # fmt: skip
+        try:
+            result = await self._wait(request, job, ticket)
+        finally:
+            self._finished(decoded, started)
+        if result is None:  # the client went away: nobody to answer
+            return Response(status_code=499)
+        if isinstance(result, FerrumError):
+            raise APIError.of(result, "file")
+        self.metrics.audio_seconds.inc(result.duration)
+        body, media_type = response_body(result, fmt, task, granularities)
+        return Response(body, media_type=media_type)
+
+    def _finished(self, decoded, started: float | None) -> None:
+        self.admission.release(decoded.seconds, time.perf_counter() - started if started else None)
+        decoded.close()
+        self.metrics.queue_requests.set(self.admission.requests)
+        self.metrics.queue_audio_seconds.set(self.admission.queued)
+
+    async def _wait(self, request: Request, job: Job, ticket: Ticket):
+        """The result, or None if the client disconnects first (its windows are then dropped)."""
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(job.result), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.service.cancel(ticket)
+                    self.metrics.cancelled.inc()
+                    return None
+
+    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, started: float):
+        """Server-sent events: a delta per segment as it is decoded, then done (or an error)."""
+        finished = False
+        try:
+            first = True
+            while True:
+                kind, value = await job.events.get()
+                if kind == "segment":
+                    yield delta_event(value, first)
+                    first = False
+                    continue
+                finished = True
+                if isinstance(value, FerrumError):
+                    yield sse(APIError.of(value, "file").body(), "error")
+                else:
+                    self.metrics.audio_seconds.inc(value.duration)
+                    yield done_event(value)
+                return
+        finally:
+            if not finished:  # the client went away mid-stream
+                self.service.cancel(ticket)
+                self.metrics.cancelled.inc()
+            self._finished(decoded, started)
+
+
+class Job:
+    """The engine thread's callbacks, handed over to the request's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.result: asyncio.Future = loop.create_future()
+
+    def segment(self, segment) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("segment", segment))
+
+    def done(self, result: Transcription | FerrumError) -> None:
+        def settle():
+            self.events.put_nowait(("done", result))
+            if not self.result.done():
+                self.result.set_result(result)
+
+        self.loop.call_soon_threadsafe(settle)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
+    server = Server(settings, on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        threading.Thread(target=server.load, name="ferrum-load", daemon=True).start()
+        yield
+        await run_in_threadpool(server.close)
+
+    app = FastAPI(title="ferrum", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        codes = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}
+        message = exc.detail if isinstance(exc.detail, str) else "bad request"
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            message = "the request body is not a valid multipart form"
+        return error_response(APIError(exc.status_code, message, code=codes.get(exc.status_code)))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = str(first.get("loc", ["", ""])[-1]) or None
+        message = f"invalid {param}: {first.get('msg', 'bad value')}" if param else "invalid request"
+        return error_response(APIError(400, message, param=param))
+
+    async def transcription_endpoint(request: Request, task: str, form: dict):
+        start = time.perf_counter()
+        try:
+            response = await server.transcribe(request, task, form)
+        except APIError as exc:
+            response = error_response(exc)
+        except Exception as exc:  # a bug: one line in the log, OpenAI's shape to the client
+            log.error("internal error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
+            log.debug("internal error", exc_info=True)
+            response = error_response(APIError(500, "internal server error", "server_error"))
+        server.metrics.latency.labels(request.url.path).observe(time.perf_counter() - start)
+        return response
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(
+        request: Request,
+        file: UploadFile | None = File(None),
+        model: str | None = Form(None),
+        language: str | None = Form(None),
+        prompt: str | None = Form(None),
+        response_format: str | None = Form(None),
+        temperature: float = Form(0.0),
+        timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
+        stream: bool = Form(False),
+    ):
+        form = dict(file=file, model=model, language=language, prompt=prompt, response_format=response_format)
+        form |= dict(temperature=temperature, timestamp_granularities=timestamp_granularities, stream=stream)
+        return await transcription_endpoint(request, "transcribe", form)
+
+    @app.post("/v1/audio/translations")
+    async def translations(
+        request: Request,
+        file: UploadFile | None = File(None),
+        model: str | None = Form(None),
+        prompt: str | None = Form(None),
+        response_format: str | None = Form(None),
+        temperature: float = Form(0.0),
+    ):
+        form = dict(file=file, model=model, prompt=prompt, response_format=response_format, temperature=temperature)
+        form |= dict(timestamp_granularities=None, stream=False)
+        return await transcription_endpoint(request, "translate", form)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": await run_in_threadpool(model_list, server)}
+
+    @app.get("/health")
+    async def health():
+        status = 200 if server.state == "ready" else 503
+        return JSONResponse({"status": server.state, "model": server.model_name}, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, media_type = server.metrics.exposition()
+        return PlainTextResponse(body, media_type=media_type)
+
+    def counted(path: str, status: int) -> None:
+        server.metrics.requests.labels(path, str(status)).inc()
+
+    return Gate(app, settings.api_key, int(settings.max_upload_mb * 1e6), counted)
+
+
+def model_list(server: Server) -> list[dict]:
+    """The model served (and its OpenAI alias), then the models found on this machine that
+    another `ferrum serve --model NAME` could load without the network."""
+    from ..weights.locations import known_model_names, offline_places
+
+    created = int(time.time())
+    served = [server.model_name, *MODEL_ALIASES]
+    out = [{"id": name, "object": "model", "created": created, "owned_by": "ferrum", "loaded": True} for name in served]
+    for name in known_model_names():
+        if name not in served and offline_places(name):
+            out.append({"id": name, "object": "model", "created": created, "owned_by": "ferrum", "loaded": False})
+    return out

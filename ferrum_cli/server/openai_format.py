@@ -1,0 +1,127 @@
+"""Bodies in the shapes of OpenAI's audio API: the five response formats, stream events, errors."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import (
+    AudioDecodeError,
+    FerrumError,
+    InputError,
+    ModelNotFoundError,
+    OverloadedError,
+    ServiceError,
+    TooLargeError,
+    UsageError,
+)
+from ..results import Segment, Transcription
+from ..writers import render
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+MEDIA_TYPES = {
+    "json": "application/json",
+    "verbose_json": "application/json",
+    "text": "text/plain; charset=utf-8",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+}
+
+
+class APIError(Exception):
+    """An error response: HTTP status and OpenAI's error object."""
+
+    def __init__(
+        self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+        code: str | None = None, headers: dict | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @classmethod
+    def of(cls, exc: FerrumError, param: str | None = None) -> APIError:
+        """The status of one of ferrum's typed errors."""
+        if isinstance(exc, OverloadedError):
+            headers = {"Retry-After": str(exc.retry_after)}
+            return cls(429, exc.message, "rate_limit_error", None, "queue_full", headers)
+        if isinstance(exc, TooLargeError):
+            return cls(413, exc.message, param=param, code="too_large")
+        if isinstance(exc, AudioDecodeError):
+            return cls(400, f"the file is not audio ffmpeg can read: {exc.message}", param=param, code="invalid_audio")
+        if isinstance(exc, (InputError, UsageError)):
+            return cls(400, exc.message, param=param)
+        if isinstance(exc, ModelNotFoundError):
+            return cls(404, exc.message, param="model", code="model_not_found")
+        if isinstance(exc, ServiceError):
+            return cls(503, exc.message, "server_error", code="unavailable")
+        return cls(500, exc.message, "server_error")
+
+
+def language_name(code: str) -> str:
+    """OpenAI names the language in verbose_json ("english"), not its code."""
+    from whisper.tokenizer import LANGUAGES
+
+    return LANGUAGES.get(code, code)
+
+
+def segment_object(segment: Segment) -> dict:
+    return {
+        "id": segment.id,
+        "seek": round(segment.start * 100),  # the mel frame it starts at, as Whisper counts them
+        "start": segment.start,
+        "end": segment.end,
+        "text": segment.text,
+        "tokens": segment.tokens,
+        "temperature": segment.temperature,
+        "avg_logprob": segment.avg_logprob,
+        "compression_ratio": segment.compression_ratio,
+        "no_speech_prob": segment.no_speech_prob,
+    }
+
+
+def word_objects(result: Transcription) -> list[dict]:
+    return [
+        {"word": w["word"].strip(), "start": w["start"], "end": w["end"]}
+        for s in result.segments
+        for w in (s.words or [])
+    ]
+
+
+def response_body(result: Transcription, fmt: str, task: str, granularities: tuple[str, ...]) -> tuple[str, str]:
+    """(body, media type) of a finished transcription in one of RESPONSE_FORMATS."""
+    if fmt == "json":
+        body = json.dumps({"text": result.text, "usage": {"type": "duration", "seconds": round(result.duration, 3)}})
+    elif fmt == "text":
+        body = result.text + "\n"
+    elif fmt in ("srt", "vtt"):
+        body = render(result, fmt)
+    else:
+        verbose = {"task": task, "language": language_name(result.language), "duration": result.duration}
+        verbose["text"] = result.text
+        if "segment" in granularities or not granularities:
+            verbose["segments"] = [segment_object(s) for s in result.segments]
+        if "word" in granularities:
+            verbose["words"] = word_objects(result)
+        verbose["usage"] = {"type": "duration", "seconds": round(result.duration, 3)}
+        body = json.dumps(verbose, ensure_ascii=False)
+    return body, MEDIA_TYPES[fmt]
+
+
+def sse(event: dict, name: str | None = None) -> str:
+    """One server-sent event."""
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def delta_event(segment: Segment, first: bool) -> str:
+    """The text the segment adds; the deltas joined are the done event's text."""
+    text = segment.text.lstrip() if first else segment.text
+    return sse({"type": "transcript.text.delta", "delta": text})
+
+
+def done_event(result: Transcription) -> str:
+    return sse({"type": "transcript.text.done", "text": result.text})

@@ -1,0 +1,366 @@
+"""`ferrum serve`: the real server in a subprocess on a loopback port, spoken to with the real
+`openai` client and with plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import FERRUM, JFK, SAMPLE, corpus, corpus_rows, needs_corpus, run_ferrum, words
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency (make install)")
+KEY = "test-key-123"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    """`ferrum serve` as a user starts it; stderr is kept for the checks on its log."""
+
+    def __init__(self, *args: str, ready_timeout: float = 180) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(f"/tmp/ferrum-serve-{self.port}.log")
+        self.log_file = open(self.log, "w+b")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [FERRUM, "serve", "--port", str(self.port), *args],
+            stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"ferrum serve exited: {self.output()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"ferrum serve not ready in {ready_timeout} s: {self.output()}")
+
+    def output(self) -> str:
+        if not self.log_file.closed:
+            self.log_file.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(60)
+        self.log_file.close()
+        return code
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = RunningServer("--api-key", KEY)
+    yield running
+    code = running.stop()
+    log = running.output()
+    assert code == 0, log
+    assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cli_texts(tmp_path_factory) -> dict[str, str]:
+    """The CLI's text for the 16 corpus clips the concurrency test sends: what the server must match."""
+    rows = [r for r in corpus_rows()][:16]
+    if not rows:
+        pytest.skip("the shared corpus is absent; CI has it")
+    out = tmp_path_factory.mktemp("cli")
+    proc = run_ferrum("transcribe", *[r["path"] for r in rows], "-f", "json", "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return {r["path"]: json.loads((out / (Path(r["file"]).stem + ".json")).read_text())["text"] for r in rows}
+
+
+def post(server, path: str = "/v1/audio/transcriptions", key: str | None = KEY, **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(server.url + path, headers=headers, timeout=300, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "Traceback" not in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# -- what a client gets --------------------------------------------------------------------
+
+
+@needs_corpus
+def test_each_response_format_through_the_openai_client(client):
+    import srt
+    import webvtt
+
+    with open(corpus(JFK), "rb") as fh:
+        text = client.audio.transcriptions.create(model="whisper-1", file=fh).text
+    assert words(text) == words("And so my fellow Americans, ask not what your country can do for you, "
+                                "ask what you can do for your country.")  # fmt: skip
+
+    with open(corpus(JFK), "rb") as fh:
+        plain = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="text")
+    assert plain.strip() == text
+
+    with open(corpus(JFK), "rb") as fh:
+        body = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="srt")
+    cues = list(srt.parse(body))
+    assert cues and " ".join(c.content for c in cues) == text
+    assert all(c.start < c.end for c in cues)
+
+    with open(corpus(JFK), "rb") as fh:
+        body = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="vtt")
+    captions = webvtt.from_string(body)
+    assert " ".join(c.text for c in captions) == text
+
+    with open(corpus(JFK), "rb") as fh:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="verbose_json")
+    assert (verbose.language, verbose.text) == ("english", text)
+    assert 10.5 < verbose.duration < 11.5
+    assert verbose.words is None
+    for segment in verbose.segments:
+        assert 0 <= segment.start < segment.end <= verbose.duration + 0.1
+        assert segment.tokens and segment.avg_logprob < 0 and 0 <= segment.no_speech_prob <= 1
+        assert segment.temperature == 0.0 and segment.compression_ratio > 0
+
+
+@needs_corpus
+def test_word_timestamps_in_verbose_json(client):
+    with open(corpus(JFK), "rb") as fh:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1", file=fh, response_format="verbose_json", timestamp_granularities=["word", "segment"]
+        )
+    said = [w.word for w in verbose.words]
+    assert " ".join(said) == verbose.text
+    starts = [w.start for w in verbose.words]
+    assert starts == sorted(starts) and all(w.start <= w.end for w in verbose.words)
+    assert verbose.words[-1].end <= verbose.duration and verbose.segments
+
+    with open(corpus(JFK), "rb") as fh:
+        only_words = client.audio.transcriptions.create(
+            model="whisper-1", file=fh, response_format="verbose_json", timestamp_granularities=["word"]
+        )
+    assert only_words.segments is None and [w.word for w in only_words.words] == said
+
+
+@needs_corpus
+def test_translation_gives_english(client):
+    german = corpus("de_picovoice_test_de.wav")
+    with open(german, "rb") as fh:
+        original = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="verbose_json")
+    with open(german, "rb") as fh:
+        english = client.audio.translations.create(model="whisper-1", file=fh, response_format="verbose_json")
+    assert original.language == "german"
+    assert english.text.isascii() and words(english.text) != words(original.text)
+    assert len(english.text.split()) >= 4
+
+
+def test_streaming_gives_each_segment_then_the_text(client):
+    with open(SAMPLE, "rb") as fh:
+        whole = client.audio.transcriptions.create(model="whisper-1", file=fh).text
+    with open(SAMPLE, "rb") as fh:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=fh, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
+    assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text == whole
+
+
+def test_models_and_health(server, client):
+    ids = [m.id for m in client.models.list()]
+    assert ids[:2] == ["base", "whisper-1"]
+    health = httpx.get(server.url + "/health", timeout=10)  # no key needed: a load balancer's probe
+    assert health.json() == {"status": "ready", "model": "base"}
+
+
+def test_metrics_in_prometheus_text(server, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with open(SAMPLE, "rb") as fh:
+        client.audio.transcriptions.create(model="whisper-1", file=fh)
+    response = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    ok = [
+        s.value for s in families["ferrum_requests"].samples
+        if s.labels == {"endpoint": "/v1/audio/transcriptions", "status": "200"} and s.name.endswith("_total")
+    ]  # fmt: skip
+    assert ok and ok[0] >= 1
+    assert next(s.value for s in families["ferrum_audio_seconds"].samples) >= 7
+    assert {"ferrum_queue_requests", "ferrum_queue_audio_seconds", "ferrum_batch_fill"} <= set(families)
+    assert "ferrum_request_latency_seconds" in families
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_each_error_in_openai_shape(server, client, tmp_path):
+    audio = SAMPLE.read_bytes()
+    not_audio = bytes(range(256)) * 200
+    assert_openai_error(post(server, files={"file": ("x.mp3", not_audio)}), 400, "file")
+    assert_openai_error(post(server, files={"file": ("x.wav", b"")}), 400, "file")
+    assert_openai_error(post(server, data={"model": "whisper-1"}), 400, "file")
+    assert_openai_error(post(server, files={"file": ("a.wav", audio)}, data={"model": "large-v9"}), 404, "model")
+    assert_openai_error(post(server, files={"file": ("a.wav", audio)}, data={"language": "xx"}), 400, "language")
+    bad_format = post(server, files={"file": ("a.wav", audio)}, data={"response_format": "xml"})
+    assert_openai_error(bad_format, 400, "response_format")
+    assert_openai_error(post(server, files={"file": ("a.wav", audio)}, data={"temperature": "hot"}), 400)
+    assert_openai_error(post(server, key=None, files={"file": ("a.wav", audio)}), 401)
+    assert_openai_error(post(server, key="wrong", files={"file": ("a.wav", audio)}), 401)
+    assert_openai_error(httpx.get(server.url + "/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}), 404)
+
+    with pytest.raises(openai.NotFoundError):
+        client.audio.transcriptions.create(model="large-v9", file=("a.wav", audio))
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError, match="not audio"):
+        client.audio.transcriptions.create(model="whisper-1", file=("x.mp3", not_audio))
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    """Limits small enough to reach: 1 MB uploads, 20 s of audio queued."""
+    running = RunningServer("--model", "tiny.en", "--max-upload-mb", "1", "--max-queue-seconds", "20")
+    yield running
+    assert running.stop() == 0
+    assert "Traceback" not in running.output()
+
+
+def test_upload_over_the_limit_is_413(small_server):
+    response = post(small_server, key=None, files={"file": ("big.wav", b"\0" * 1_500_000)})
+    assert_openai_error(response, 413)
+
+
+def test_audio_longer_than_the_queue_is_413_and_a_full_queue_429(small_server, tmp_path):
+    import numpy as np
+
+    from ferrum_cli.audio.ffmpeg import find_ffmpeg
+
+    from .conftest import wav_bytes
+
+    tone = 0.1 * np.sin(np.arange(16000 * 25) * 0.05)  # 25 s: more than the 20 s the queue takes
+    assert_openai_error(post(small_server, key=None, files={"file": ("long.wav", wav_bytes(tone))}), 413, "file")
+    bomb = tmp_path / "hour.flac"  # an hour of silence in a few kilobytes: decoding stops at the limit
+    ffmpeg = find_ffmpeg().path
+    subprocess.run([ffmpeg, "-v", "error", "-f", "lavfi", "-i", "anullsrc=r=8000:cl=mono", "-t", "3600",
+                    "-c:a", "flac", str(bomb)], check=True)  # fmt: skip
+    assert bomb.stat().st_size < 1_000_000
+    assert_openai_error(post(small_server, key=None, files={"file": ("hour.flac", bomb.read_bytes())}), 413, "file")
+
+    speech = SAMPLE.read_bytes()  # 7 s each: three fit, the fourth does not while they are queued
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: post(small_server, key=None, files={"file": ("a.wav", speech)}), range(12)))
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses[0] == 200 and statuses[-1] == 429, statuses
+    busy = next(r for r in answers if r.status_code == 429)
+    assert_openai_error(busy, 429)
+    assert int(busy.headers["Retry-After"]) >= 1
+    assert post(small_server, key=None, files={"file": ("a.wav", speech)}).status_code == 200  # the queue drained
+
+
+def test_a_hostile_upload_fails_only_itself(server):
+    import numpy as np
+
+    from .conftest import wav_bytes
+
+    header = b"RIFF" + b"\xff" * 4 + b"WAVEfmt " + b"\xff" * 200  # a header that claims everything
+    silence_hours = wav_bytes(np.zeros(16000, np.float32))[:40] + b"\xff\xff\xff\x7f"  # data size: 2 GB declared
+    with ThreadPoolExecutor(3) as pool:
+        good = pool.submit(post, server, files={"file": ("a.wav", SAMPLE.read_bytes())})
+        bad = [pool.submit(post, server, files={"file": ("h.wav", data)}) for data in (header, silence_hours)]
+        assert good.result().status_code == 200
+        for answer in bad:
+            assert answer.result().status_code in (200, 400), answer.result().text
+
+
+# -- load ----------------------------------------------------------------------------------
+
+
+@needs_corpus
+def test_sixteen_concurrent_clients_get_the_cli_text(client, cli_texts):
+    def ask(path: str) -> str:
+        with open(path, "rb") as fh:
+            return client.audio.transcriptions.create(model="whisper-1", file=fh).text
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = dict(zip(cli_texts, pool.map(ask, cli_texts)))
+    for path, text in cli_texts.items():
+        assert answers[path] == text, path
+
+
+def test_options_per_request_do_not_leak_into_others(client):
+    """Requests with different languages and prompts at once each get their own."""
+    with ThreadPoolExecutor(3) as pool:
+        plain = pool.submit(lambda: client.audio.transcriptions.create(model="whisper-1", file=SAMPLE.open("rb")))
+        english = pool.submit(
+            lambda: client.audio.transcriptions.create(model="whisper-1", file=SAMPLE.open("rb"), language="en")
+        )
+        prompted = pool.submit(
+            lambda: client.audio.transcriptions.create(
+                model="whisper-1", file=SAMPLE.open("rb"), prompt="Mister Dashwood.", response_format="verbose_json"
+            )
+        )
+        assert plain.result().text == english.result().text
+        assert prompted.result().language == "english" and "Dashwood" in prompted.result().text
+
+
+def test_clients_that_go_away_do_not_disturb_the_server(server, client):
+    body = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + SAMPLE.read_bytes()
+    head = (
+        f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(body) + 8}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as mid_upload:  # half the body, then gone
+        mid_upload.sendall(head + body[: len(body) // 2])
+    for _ in range(3):  # the whole body, then gone while it is decoded
+        with socket.create_connection(("127.0.0.1", server.port)) as mid_decode:
+            mid_decode.sendall(head + body + b"\r\n--b--\r\n")
+            time.sleep(0.3)
+    with open(SAMPLE, "rb") as fh:
+        assert "Dashwood" in client.audio.transcriptions.create(model="whisper-1", file=fh).text
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    cancelled = [line for line in metrics.splitlines() if line.startswith("ferrum_requests_cancelled_total")]
+    assert cancelled and float(cancelled[0].split()[-1]) >= 1
+
+
+# -- the process -----------------------------------------------------------------------------
+
+
+def test_beyond_loopback_needs_a_key():
+    proc = run_ferrum("serve", "--host", "0.0.0.0", "--port", str(free_port()), timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--api-key" in proc.stderr
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0():
+    running = RunningServer("--model", "tiny.en")
+    answer = {}
+    sender = threading.Thread(
+        target=lambda: answer.update(r=post(running, key=None, files={"file": ("a.wav", SAMPLE.read_bytes())}))
+    )
+    sender.start()
+    time.sleep(0.5)  # uploaded and queued
+    code = running.stop(signal.SIGTERM)
+    sender.join(60)
+    assert code == 0, running.output()
+    assert answer["r"].status_code == 200 and "Dashwood" in answer["r"].json()["text"]
+    assert "Traceback" not in running.output()
