@@ -455,6 +455,13 @@ def main() -> None:
     console.print("[b]memory[/b]: peak RSS on 10 and 60 minutes")
     rounds("60 minutes", audio["sixty_seconds"], None, [("ferrum", "whole process", ferrum_run([audio["sixty"]]))], 1)
 
+    console.print("[b]server[/b]: the 12 clips to ferrum serve from 1, 4 and 16 clients (serve_bench.py)")
+    from serve_bench import measure as measure_server
+
+    server_rows, server_ratios, server_targets = measure_server(
+        [str(c) for c in clips], clip_s, str(audio["jfk"]), console
+    )
+
     by = {(r["scenario"], r["system"]): r for r in rows}
     ours = by[("longform", "ferrum")]
 
@@ -500,6 +507,8 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
+    ratios |= server_ratios
+    targets |= server_targets
     if not on_cpu:
         targets = {}  # the targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
@@ -517,6 +526,13 @@ def main() -> None:
             f"{r['peak_rss_mb']} MB",
         )
     console.print(table)
+    served = Table(title="ferrum serve (base, language en, the 12 clips twice)")
+    for col in ("system", "clients", "requests/s", "audio s/s", "p50 s", "p95 s"):
+        served.add_column(col, justify="left" if col == "system" else "right")
+    for r in server_rows:
+        served.add_row(r["system"], str(r["clients"]), str(r["requests_per_second"]), str(r["audio_per_second"]),
+                       str(r.get("latency_p50", "-")), str(r.get("latency_p95", "-")))  # fmt: skip
+    console.print(served)
     summary = Table(title="ratios and targets")
     for col in ("figure", "value", "target", "met"):
         summary.add_column(col)
@@ -525,6 +541,8 @@ def main() -> None:
             continue
         op, bound = targets.get(key, ("", None))
         met = "" if bound is None else ("yes" if (value >= bound if op == ">=" else value <= bound) else "NO")
+        if isinstance(value, bool):
+            met = "yes" if value else "NO"
         summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
     console.print(summary)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -536,6 +554,7 @@ def main() -> None:
         "cpu": cpu_description(),
         "cpus": os.cpu_count(),
         "rows": rows,
+        "server_rows": server_rows,
         "ratios": ratios,
     }
     if no_faster:

@@ -165,6 +165,7 @@ def test_word_timestamps_in_verbose_json(client):
 
 
 @needs_corpus
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the client marks translations so
 def test_translation_gives_english(client):
     german = corpus("de_picovoice_test_de.wav")
     with open(german, "rb") as fh:
