@@ -159,14 +159,16 @@ class WhisperModelExecutor:
         options: TranscribeOptions | None = None,
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
+        on_partial: Callable[[object, Transcription], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
         """(key, result or error) for each (key, path, bytes, a callable giving bytes, or an AudioStream), in order.
 
         The batched engine decodes windows of several inputs together; an input that fails comes
-        back as its error and the rest go on.
+        back as its error and the rest go on. A live AudioStream is decoded stretch by stretch as
+        it arrives; on_partial gets its transcription so far after each new segment.
         """
         from .audio.ffmpeg import decode_bytes, stream_file
-        from .engine.batched import BatchedEngine
+        from .engine.batched import BatchedEngine, SourceRequest
 
         model = self._require_model()
         options = options or TranscribeOptions()
@@ -195,11 +197,15 @@ class WhisperModelExecutor:
                 return lambda: decode_bytes(bytes(source))
             return lambda: stream_file(source)
 
+        def request(key, source) -> SourceRequest:
+            return SourceRequest(key, opener(source), live=isinstance(source, AudioStream) and source.live)
+
         with self._lock:
             self._state = "busy"
             try:
                 engine = BatchedEngine(model, options)
-                for key, result in engine.run(((k, opener(s)) for k, s in items), on_segment, on_progress):
+                engine.on_partial = on_partial
+                for key, result in engine.run((request(k, s) for k, s in items), on_segment, on_progress):
                     if isinstance(result, FerrumError):
                         self._counters.errors += 1
                     else:

@@ -31,7 +31,7 @@ def default_model_readiness(name: str) -> tuple[bool, str]:
 def machine_status() -> dict:
     import torch
 
-    from .audio.ffmpeg import ffmpeg_version, find_ffmpeg
+    from .audio.ffmpeg import capture_devices, ffmpeg_version, find_ffmpeg
     from .engine.encoder import cpu_auto_compute
     from .platform.cpu import cpu_has_native_bf16
     from .platform.devices import choose, describe_devices
@@ -43,8 +43,9 @@ def machine_status() -> dict:
     try:
         ff = find_ffmpeg()
         ffmpeg = {"path": ff.path, "source": ff.source, "version": ffmpeg_version()}
+        microphones = capture_devices()
     except FerrumError as exc:
-        ffmpeg = {"path": None, "source": None, "version": None}
+        ffmpeg, microphones = {"path": None, "source": None, "version": None}, []
         problems.append(exc.message)
     placement = choose("auto", "auto")
     ready, how = default_model_readiness(DEFAULT_MODEL)
@@ -59,6 +60,7 @@ def machine_status() -> dict:
             "ffmpeg": ffmpeg["version"],
         },
         "ffmpeg": ffmpeg,
+        "capture_devices": microphones,  # for --mic
         "devices": describe_devices(),
         "default_device": placement.device,
         "default_dtype": placement.dtype,

@@ -51,15 +51,71 @@ def ffmpeg_version() -> str:
     return first.split(" version ")[1].split()[0] if " version " in first else "unknown"
 
 
-def _decode_args(source: str, start: float | None = None) -> list[str]:
-    """ffmpeg's argument list, built with ffmpeg-python and never passed to a shell."""
+URL_SCHEMES = ("http", "https", "rtsp", "rtmp", "rtmps", "srt", "udp", "tcp", "rtp")
+NETWORK_TIMEOUT_US = 15_000_000  # a server that stops answering for 15 s ends the input (http, tcp)
+
+
+def is_url(text: str) -> bool:
+    """An input ffmpeg opens over the network, by its scheme."""
+    scheme, sep, rest = str(text).partition("://")
+    return bool(sep and rest) and scheme.lower() in URL_SCHEMES
+
+
+def _decode_args(
+    source: str, start: float | None = None, input_format: str | None = None, live: bool = False
+) -> list[str]:
+    """ffmpeg's argument list, built with ffmpeg-python and never passed to a shell.
+
+    live: output as soon as decoded (no probing ahead, each packet flushed), for audio that
+    arrives in real time; input_format: a capture device's (alsa, pulse, avfoundation, dshow, lavfi).
+    """
     import ffmpeg
 
-    in_kwargs = {"ss": f"{start:.3f}"} if start else {}
-    stream = ffmpeg.input(source, **in_kwargs).output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE)
-    return stream.global_args("-nostdin", "-hide_banner", "-nostats", "-v", "level+info").compile(
-        cmd=find_ffmpeg().path
+    in_kwargs: dict = {"ss": f"{start:.3f}"} if start else {}
+    if input_format:
+        in_kwargs["f"] = input_format
+    if is_url(source) and source.split(":", 1)[0].lower() in ("http", "https", "tcp"):
+        in_kwargs["rw_timeout"] = NETWORK_TIMEOUT_US
+    if live:
+        in_kwargs |= {"probesize": 32768, "analyzeduration": 0}
+    out_kwargs = {"flush_packets": 1} if live else {}
+    stream = ffmpeg.input(source, **in_kwargs).output(
+        "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **out_kwargs
     )
+    global_args = ["-hide_banner", "-nostats", "-v", "level+info"]
+    if source != "pipe:0":
+        global_args.insert(0, "-nostdin")
+    return stream.global_args(*global_args).compile(cmd=find_ffmpeg().path)
+
+
+def capture_devices() -> list[dict]:
+    """The microphones ffmpeg can see here, as --mic takes them (FORMAT:NAME); [] where none."""
+    import sys
+
+    ffmpeg = find_ffmpeg().path
+    found: list[dict] = []
+
+    def run(args: list[str]) -> str:
+        try:
+            proc = subprocess.run([ffmpeg, "-hide_banner", *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return proc.stdout + proc.stderr
+
+    if sys.platform == "darwin":
+        audio = run(["-f", "avfoundation", "-list_devices", "true", "-i", ""]).split("audio devices:")[-1]
+        for index, name in re.findall(r"\[(\d+)\] (.+)", audio):
+            found.append({"device": f"avfoundation::{index}", "name": name.strip()})
+    elif sys.platform == "win32":
+        for name in re.findall(r'"([^"]+)" \(audio\)', run(["-list_devices", "true", "-f", "dshow", "-i", "dummy"])):
+            found.append({"device": f"dshow:audio={name}", "name": name})
+    else:
+        for fmt in ("pulse", "alsa"):
+            for line in run(["-sources", fmt]).splitlines():
+                m = re.match(r"^[* ] (\S+) \[(.*)\]\s*$", line)
+                if m:
+                    found.append({"device": f"{fmt}:{m.group(1)}", "name": m.group(2)})
+    return found
 
 
 _TAG = re.compile(r"^(?:\[[^\]]* @ 0x[0-9a-f]+\] )*\[(\w+)\] (?:\[[^\]]* @ 0x[0-9a-f]+\] )*(.*)$")
@@ -182,19 +238,31 @@ def _widen_pipe(pipe) -> None:
             pass  # above /proc/sys/fs/pipe-max-size: the default pipe still works
 
 
+LIVE_CHUNK_SECONDS = 0.1  # what a live input hands on at a time
+
+
 class AudioStream:
     """float32 chunks as ffmpeg produces them, so memory does not grow with length.
 
-    start() spawns ffmpeg ahead of reading: a short input decodes whole into the pipe while
-    the caller loads the model on the other core. `warning` is set once the stream is
-    exhausted, if the input turned out truncated or damaged.
+    A file, a URL, stdin ("pipe:0", which ffmpeg reads itself) or a capture device
+    (input_format). start() spawns ffmpeg ahead of reading: a short input decodes whole into
+    the pipe while the caller loads the model on the other core. `warning` is set once the
+    stream is exhausted, if the input turned out truncated or damaged. live: chunks of 0.1 s as
+    soon as they are decoded, for audio that arrives while it is transcribed.
     """
 
-    def __init__(self, path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> None:
-        p = Path(path)
-        _check_readable(p)
-        self.source = os.path.abspath(p)
-        self.chunk_bytes = int(chunk_seconds * SAMPLE_RATE) * 4
+    def __init__(
+        self, path: str | os.PathLike[str], chunk_seconds: float = 30.0, live: bool = False,
+        input_format: str | None = None,
+    ) -> None:  # fmt: skip
+        if input_format or str(path) == "pipe:0" or is_url(str(path)):
+            self.source = str(path)
+        else:
+            p = Path(path)
+            _check_readable(p)
+            self.source = os.path.abspath(p)
+        self.live, self.input_format = live, input_format
+        self.chunk_bytes = int((LIVE_CHUNK_SECONDS if live else chunk_seconds) * SAMPLE_RATE) * 4
         self.warning: str | None = None
         self._started: subprocess.Popen | None = None
 
@@ -212,7 +280,10 @@ class AudioStream:
 
     def _spawn(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            _decode_args(self.source), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            _decode_args(self.source, input_format=self.input_format, live=self.live),
+            stdin=None if self.source == "pipe:0" else subprocess.DEVNULL,  # stdin: ffmpeg reads ours
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         _widen_pipe(proc.stdout)
         return proc

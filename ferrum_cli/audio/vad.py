@@ -104,6 +104,11 @@ def _regions(probs: list[float], n_samples: int, options: VadOptions, pad_ms: in
     return [(int(s["start"]), int(s["end"])) for s in stamps]
 
 
+def regions_from_probabilities(probs: list[float], n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
+    """The unpadded speech regions of frame probabilities computed already (a live stream's)."""
+    return _regions(probs, n_samples, options, 0)
+
+
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
     options = options or VadOptions()

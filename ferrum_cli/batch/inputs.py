@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+import re
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
 
+from ..audio.ffmpeg import is_url
 from ..errors import UsageError
 
 STDIN = "-"
@@ -19,15 +23,59 @@ MEDIA_EXTENSIONS = frozenset(
 )
 
 
+CAPTURE_FORMATS = ("alsa", "pulse", "avfoundation", "dshow", "lavfi", "oss", "jack", "openal")
+
+
 @dataclass(frozen=True)
 class Job:
-    source: str  # a file path, or "-" for stdin
+    source: str  # a file path, a URL, "-" for stdin, or a capture device's name
     relative: PurePosixPath  # output path under -o, without the format's extension
     display: str  # how the input is named to the user
+    capture_format: str | None = None  # a microphone: ffmpeg's input device (alsa, pulse, ...)
 
     @property
     def is_stdin(self) -> bool:
         return self.source == STDIN
+
+    @property
+    def is_url(self) -> bool:
+        return self.capture_format is None and is_url(self.source)
+
+    @property
+    def is_stream(self) -> bool:
+        """Read as it comes (stdin, a URL, a device), not a file on disk."""
+        return self.is_stdin or self.is_url or self.capture_format is not None
+
+
+def url_stem(url: str) -> PurePosixPath:
+    """A URL's output stem: its last path part without the extension (else its host), made safe."""
+    parts = urlsplit(url)
+    name = unquote(parts.path.rstrip("/").rsplit("/", 1)[-1]) or parts.hostname or "stream"
+    name = Path(name).stem if "." in name.strip(".") else name
+    return PurePosixPath(re.sub(r"[^\w.-]+", "_", name).strip("._") or "stream")
+
+
+def microphone(device: str, name: str = "mic") -> Job:
+    """A capture device as a job. DEVICE is FORMAT:NAME (alsa:hw:1, pulse:default, lavfi:sine,
+    avfoundation::0, dshow:audio=Mic) or, for this platform's usual device, "default"."""
+    fmt, sep, rest = device.partition(":")
+    if sep and fmt in CAPTURE_FORMATS:
+        return Job(rest or "default", _safe_relative(Path(name)), f"<mic {device}>", fmt)
+    if sys.platform == "darwin":
+        return Job(
+            ":0" if device == "default" else device, _safe_relative(Path(name)), f"<mic {device}>", "avfoundation"
+        )
+    if sys.platform == "win32":
+        if device == "default":
+            raise UsageError("on Windows, name the microphone: --mic dshow:audio=NAME (ferrum status lists them)")
+        return Job(f"audio={device}", _safe_relative(Path(name)), f"<mic {device}>", "dshow")
+    return Job(device, _safe_relative(Path(name)), f"<mic {device}>", "pulse" if _has_pulse() else "alsa")
+
+
+def _has_pulse() -> bool:
+    return bool(
+        os.environ.get("PULSE_SERVER") or Path(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "pulse").exists()
+    )
 
 
 def _is_media(path: Path) -> bool:
@@ -89,6 +137,11 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
         jobs.append(Job(str(path), relative, str(path)))
 
     for item in inputs:
+        if is_url(item):
+            if item not in seen:
+                seen.add(item)
+                jobs.append(Job(item, url_stem(item), item))
+            continue
         if item == STDIN:
             if STDIN not in seen:
                 seen.add(STDIN)
@@ -145,12 +198,12 @@ def _disambiguate(jobs: list[Job]) -> list[Job]:
             job = jobs[i]
             ext = Path(job.source).suffix.lstrip(".")
             name = job.relative.name + (f".{ext}" if ext else "")
-            out[i] = Job(job.source, job.relative.with_name(name), job.display)
+            out[i] = replace(job, relative=job.relative.with_name(name))
     taken: set[str] = set()
     for i, job in enumerate(out):
         rel, n = job.relative, 2
         while str(rel).lower() in taken:
             rel, n = job.relative.with_name(f"{job.relative.name}-{n}"), n + 1
         taken.add(str(rel).lower())
-        out[i] = Job(job.source, rel, job.display)
+        out[i] = replace(job, relative=rel)
     return out

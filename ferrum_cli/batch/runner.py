@@ -48,6 +48,7 @@ class BatchEvents:
     on_warning: Callable[[Job, str], None] | None = None
     on_segment: Callable[[Job, Segment], None] | None = None
     on_progress: Callable[[Job, float], None] | None = None
+    on_partial: Callable[[Job, Transcription], None] | None = None  # live: the text so far, after each segment
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class BatchPlan:
     output_dir: Path | None = None  # None: results go to the caller's on_result
     layout: dict = field(default_factory=dict)  # subtitle line options: max_line_width, max_line_count, ...
     skip_existing: bool = False  # inputs whose outputs all exist are skipped
+    live: bool = False  # stdin, URLs and devices are read as they come, each stretch decoded when it ends
 
 
 def outputs_for(job: Job, output_dir: Path, formats: list[str]) -> dict[str, Path]:
@@ -91,10 +93,14 @@ def start_decoding(plan: BatchPlan) -> Iterator[dict[Job, AudioStream]]:
         options = plan.options
         for job in [] if options.runs_sequentially else plan.jobs[: options.batch_size]:
             try:
-                if job.is_stdin or (
-                    plan.skip_existing
-                    and plan.output_dir
-                    and is_complete(outputs_for(job, plan.output_dir, plan.formats))
+                if (
+                    job.is_stdin
+                    or (plan.live and job.is_stream)
+                    or (
+                        plan.skip_existing
+                        and plan.output_dir
+                        and is_complete(outputs_for(job, plan.output_dir, plan.formats))
+                    )
                 ):
                     continue
                 started[job] = stream_file(job.source).start()
@@ -120,13 +126,25 @@ def run_batch(
     started = started or {}
     outputs = dict(_jobs_to_run(plan, events, summary))
     todo = list(outputs)
+
+    def partial(job: Job, result: Transcription) -> None:
+        """A live input's outputs, rewritten whole after each segment: an interruption loses at
+        most the segment being decoded."""
+        try:
+            _write_outputs(result, outputs[job], plan)
+        except FerrumError:
+            pass  # reported once, when the input ends
+        if events.on_partial:
+            events.on_partial(job, result)
+
     while todo:
         finished = 0
-        items = [(job, _read_stdin if job.is_stdin else started.get(job, job.source)) for job in todo]
+        items = [(job, _audio_of(job, plan, started)) for job in todo]
         try:
             for job, result in executor.transcribe_many(
-                items, plan.options, on_segment=events.on_segment, on_progress=events.on_progress
-            ):
+                items, plan.options, on_segment=events.on_segment, on_progress=events.on_progress,
+                on_partial=partial,
+            ):  # fmt: skip
                 finished += 1
                 _finish(job, result, outputs[job], plan, events, summary)
             todo = []
@@ -136,6 +154,16 @@ def run_batch(
             _fail(todo[finished], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
             todo = todo[finished + 1 :]
     return summary
+
+
+def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
+    """What the executor reads for a job: a live stream, stdin's bytes, a started decoder, or the path."""
+    if plan.live and job.is_stream:
+        source = "pipe:0" if job.is_stdin else job.source
+        return AudioStream(source, live=True, input_format=job.capture_format)
+    if job.is_stdin:
+        return _read_stdin
+    return started.get(job, job.source)
 
 
 def _jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
@@ -170,9 +198,7 @@ def _finish(
         if events.on_warning:
             events.on_warning(job, warning)
     try:
-        with _signals_held():  # Ctrl-C or SIGTERM waits for all of this input's outputs
-            for fmt, path in paths.items():
-                write_atomic(path, render(result, fmt, plan.layout))
+        _write_outputs(result, paths, plan)
     except FerrumError as exc:
         _fail(job, exc.message, events, summary)
         return
@@ -180,6 +206,12 @@ def _finish(
     summary.audio_seconds += result.duration
     if events.on_result:
         events.on_result(job, result)
+
+
+def _write_outputs(result: Transcription, paths: dict[str, Path], plan: BatchPlan) -> None:
+    with _signals_held():  # Ctrl-C or SIGTERM waits for all of this input's outputs
+        for fmt, path in paths.items():
+            write_atomic(path, render(result, fmt, plan.layout))
 
 
 @contextmanager

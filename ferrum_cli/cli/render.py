@@ -58,10 +58,15 @@ class TranscribeView:
     """The batch's events as the user sees them: results on stdout (or the files written), the
     rest on stderr. The no-speech warning shows even with -q: it is the one line that warns of lost data."""
 
-    def __init__(self, formats: list[str], layout: dict, to_stdout: bool, several: bool, quiet: bool, verbose: bool):
+    def __init__(
+        self, formats: list[str], layout: dict, to_stdout: bool, several: bool, quiet: bool, verbose: bool,
+        live: bool = False,
+    ):  # fmt: skip
         self.formats, self.layout, self.to_stdout, self.several = formats, layout, to_stdout, several
         self.quiet, self.verbose = quiet, verbose
-        self.stream_jsonl = to_stdout and formats == ["jsonl"] and not several  # each segment as it is decoded
+        # each segment as it is decoded, flushed: jsonl alone, or live txt and jsonl
+        streamable = ("txt", "jsonl") if live else ("jsonl",) if formats == ["jsonl"] else ()
+        self.streamed = [f for f in formats if f in streamable] if to_stdout and not several else []
         self.report_language = True
         self.progress: FileProgress | None = None
 
@@ -89,7 +94,7 @@ class TranscribeView:
             if self.several:
                 sys.stdout.write(f"==> {job.display} <==\n")
             for fmt in self.formats:
-                if not self.stream_jsonl:
+                if fmt not in self.streamed:
                     sys.stdout.write(render(result, fmt, self.layout))
             sys.stdout.flush()
         if no_speech := result.no_speech_warning():
@@ -102,8 +107,9 @@ class TranscribeView:
     def on_segment(self, job, segment) -> None:
         from ..writers import segment_json
 
-        if self.stream_jsonl:
-            sys.stdout.write(segment_json(segment) + "\n")
+        for fmt in self.streamed:
+            sys.stdout.write(segment_json(segment) + "\n" if fmt == "jsonl" else segment.text.strip() + "\n")
+        if self.streamed:
             sys.stdout.flush()
         if self.verbose and not self.quiet:
             err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {segment.text.strip()}")

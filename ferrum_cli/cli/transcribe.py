@@ -68,6 +68,9 @@ EXAMPLES = """
   ferrum transcribe talks/ -o out/ -f srt -f txt
   ferrum transcribe 'talks/**/*.m4a' -o out/ --skip-existing
   cat talk.mp3 | ferrum transcribe - -f srt -o out/
+  arecord -f S16_LE -r 16000 | ferrum transcribe - --live
+  ferrum transcribe https://example.org/talk.mp3 -o out/
+  ferrum transcribe --mic default -f jsonl
 """
 
 
@@ -96,6 +99,19 @@ def transcribe(
         bool, typer.Option(help="Skip inputs whose outputs all exist: resumes a batch.", rich_help_panel=IO_PANEL)
     ] = False,
     stdin_name: Annotated[str, typer.Option(help="Output stem for stdin.", rich_help_panel=IO_PANEL)] = "stdin",
+    live: Annotated[
+        bool,
+        typer.Option(help="stdin or a URL as it arrives: each line when its speech ends.", rich_help_panel=IO_PANEL),
+    ] = False,
+    mic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEVICE",
+            help="Live from a microphone: default, or FORMAT:NAME (alsa:hw:1).",
+            rich_help_panel=IO_PANEL,
+            show_default=False,
+        ),
+    ] = None,
     quiet: Annotated[
         bool,
         typer.Option("--quiet", "-q", help="Only results, errors and lost-speech warnings.", rich_help_panel=IO_PANEL),
@@ -223,7 +239,16 @@ def transcribe(
     layout = {"max_line_width": max_line_width, "max_line_count": max_line_count}
     layout |= {"max_words_per_line": max_words_per_line, "highlight_words": highlight_words}
     _check_subtitle_options(layout, word_timestamps)
-    jobs = call(expand, _inputs_or_stdin(inputs), stdin_name)
+    jobs = call(expand, inputs, stdin_name) if mic is not None and inputs else []
+    if mic is None:
+        jobs = call(expand, _inputs_or_stdin(inputs), stdin_name)
+    else:
+        from ..batch.inputs import microphone
+
+        jobs.append(call(microphone, mic, "mic"))
+        live = True
+    if live:
+        _check_live(jobs, vad, sequential or (beam_size or 1) > 1)
     if output_dir is not None:
         call(ensure_writable_dir, output_dir)
     vad_options = VadOptions(
@@ -239,8 +264,8 @@ def transcribe(
         initial_prompt=initial_prompt, hotwords=hotwords, word_timestamps=word_timestamps, vad=vad,
         vad_options=vad_options, sequential=sequential, batch_size=batch_size, compute=compute.value,
     )  # fmt: skip
-    plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing)
-    view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose)
+    plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing, live)
+    view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose, live)
     view.report_language = language_code_is_auto(language)
     signal.signal(signal.SIGTERM, on_signal)
     if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
@@ -261,6 +286,16 @@ def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
     if sys.stdin.isatty():
         fail(UsageError("no input given; pass files, folders, patterns, or pipe audio on stdin"))
     return ["-"]
+
+
+def _check_live(jobs, vad: bool, sequential: bool) -> None:
+    """Live input is cut at pauses by the VAD, in the batched engine, and only streams are live."""
+    if files := [job for job in jobs if not job.is_stream]:
+        fail(UsageError(f"--live reads stdin, a URL or --mic, not a file: {files[0].display}"))
+    if not vad:
+        fail(UsageError("--live needs the VAD: it cuts the stream at pauses"))
+    if sequential:
+        fail(UsageError("--live runs in the batched engine: drop --sequential and --beam-size"))
 
 
 def _check_subtitle_options(layout: dict, word_timestamps: bool) -> None:

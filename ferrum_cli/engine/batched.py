@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..audio.constants import SAMPLE_RATE, TIMESTAMP_SAMPLES, WINDOW_SAMPLES
+from ..audio.live import LiveWindows
 from ..audio.vad import speech_after, speech_regions, speech_within
 from ..audio.windows import plan_whole, plan_windows
 from ..errors import FerrumError
@@ -46,6 +47,7 @@ class SourceRequest:
     open_audio: AudioOpener  # gives the input's audio chunks, float32 16 kHz mono
     language: str | None = None  # None: the engine's option, else detected
     word_timestamps: bool = False  # time this input's words even if the engine's options do not
+    live: bool = False  # audio arriving in real time: each stretch of speech decoded as soon as it ends
 
 
 class CountedChunks:
@@ -69,6 +71,8 @@ class Source:
     key: object
     requested_language: str | None = None
     word_timestamps: bool = False
+    live: bool = False  # windows come from LiveWindows, as the speaker talks
+    detect_on_read: bool = False  # live, language not given: detected on its first window
     counted: CountedChunks | None = None
     windows: Iterator[tuple[float, np.ndarray]] | None = None  # (offset seconds, samples), planned as read
     language: str = "und"
@@ -157,18 +161,21 @@ class BatchedEngine:
         self.inbox: deque[SourceRequest] = deque()  # submitted, not yet opened
         self.on_segment: Callable[[object, Segment], None] | None = None
         self.shared = False  # submit() and step(): fair reading, sources handed back out of order
+        self.on_partial: Callable[[object, Transcription], None] | None = None  # a live source after new segments
+        self.on_live_ready: Callable[[], None] | None = None  # a live source has a window (another thread)
         self.last_batch = 0  # windows in the batch step() decoded last
 
     def run(
         self,
-        sources: Iterable[tuple[object, AudioOpener]],
+        sources: Iterable[tuple[object, AudioOpener] | SourceRequest],
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
         """(key, result) for each (key, open) of sources, in input order, each as soon as its last
         window is decoded; open() gives the input's audio chunks, and an input that cannot be read
         comes back as its error while the others go on."""
-        self.incoming, self.on_segment = (SourceRequest(key, opener) for key, opener in sources), on_segment
+        self.incoming = (item if isinstance(item, SourceRequest) else SourceRequest(*item) for item in sources)
+        self.on_segment = on_segment
         while True:
             self._fill()
             while self.sources and self.sources[0].done:
@@ -234,15 +241,16 @@ class BatchedEngine:
             if self.shared:
                 if self._open_some():
                     continue
-                reading = [source for source in self.sources if source.reading]
-                if not reading:
+                progressed = False
+                for source in [source for source in self.sources if source.reading]:
+                    if len(self.queue) < self.options.batch_size:  # in turn: a long input never holds others back
+                        progressed = self._read_window(source) or progressed
+                if not progressed:
                     return
-                for source in reading:  # in turn, so that a long input never holds the others back
-                    if len(self.queue) < self.options.batch_size:
-                        self._read_window(source)
                 continue
             if self.sources and self.sources[-1].reading:
-                self._read_window(self.sources[-1])
+                if not self._read_window(self.sources[-1]):
+                    return  # a live source has nothing yet: decode what is queued
                 continue
             if not self._open_some():
                 return
@@ -259,13 +267,26 @@ class BatchedEngine:
             self.sources.append(self._start(other, whole=False))
         return True
 
-    def _read_window(self, source: Source) -> None:
+    def _read_window(self, source: Source) -> bool:
+        """Queue the source's next window; False when a live source has none ready and there is
+        other work (something queued, or other sources to serve)."""
+        if source.live and not source.windows.ready() and (self.shared or self.queue):
+            return False
         try:
-            self._enqueue(source, *next(source.windows))
+            offset, samples = next(source.windows)
         except StopIteration:
             source.reading = False
+            return True
         except FerrumError as exc:  # the stream broke off: what was decoded of it is kept
             source.error, source.reading = exc, False
+            return True
+        features = None
+        if source.detect_on_read:
+            features = encode_windows(self.model, [samples], self.compute.encoder)
+            source.language, source.probability = detect_language(self.model, [samples], features=features)
+            source.detect_on_read = False
+        self._enqueue(source, offset, samples, features)
+        return True
 
     def _open_next(self) -> tuple[list[Source], Source | None]:
         """Short inputs opened in a row (up to a batch of them), and the input after them: long, or unreadable."""
@@ -283,9 +304,13 @@ class BatchedEngine:
     def _open(self, request: SourceRequest) -> Source:
         """An input that ends within its first 30 s is read whole (`short`), so that its VAD runs
         together with that of other short ones; a longer one is planned as it streams."""
-        source = Source(request.key, request.language, request.word_timestamps)
+        source = Source(request.key, request.language, request.word_timestamps, request.live)
         try:
             source.counted = CountedChunks(request.open_audio())
+            if request.live:
+                vad = self.options.vad_options
+                source.windows = LiveWindows(source.counted, vad, source.speech, self.on_live_ready)
+                return source
             chunks = iter(source.counted)
             head = list(itertools.islice(chunks, 2))
         except FerrumError as exc:
@@ -309,6 +334,12 @@ class BatchedEngine:
     def _start(self, source: Source, whole: bool) -> Source:
         """Language and first windows of an opened source; `whole`: all its windows are planned."""
         if source.error is not None:
+            return source
+        if source.live:  # windows come as the speaker talks: none is waited for here
+            if (language := self.options.language or source.requested_language) is not None:
+                source.language, source.probability = language, 1.0
+            else:
+                source.detect_on_read = True
             return source
         try:
             first = list(source.windows if whole else itertools.islice(source.windows, self.options.batch_size))
@@ -353,7 +384,8 @@ class BatchedEngine:
         for segment, source in found:
             source.found.append(segment)
         for source in {id(w.source): w.source for w in batch}.values():
-            self._publish(source)
+            if self._publish(source) and source.live and self.on_partial:
+                self.on_partial(source.key, source.result(self.decoding))
             frontier = min([w.offset for w in self.queue if w.source is source] + [source.planned_to])
             source.forget_speech_before(round(frontier * SAMPLE_RATE))
         return batch[-1]
@@ -419,16 +451,19 @@ class BatchedEngine:
             if self.options.vad:
                 snap_to_speech(pieces, window.source.speech)
 
-    def _publish(self, source: Source) -> None:
-        """Segments in time order, each once no window still queued can come before it."""
+    def _publish(self, source: Source) -> int:
+        """Segments in time order, each once no window still queued can come before it; returns how many."""
         source.found.sort(key=lambda seg: seg.start)
         frontier = min((w.offset for w in self.queue if w.source is source), default=float("inf"))
+        published = 0
         while source.found and source.found[0].start < frontier:
+            published += 1
             segment = source.found.pop(0)
             segment.id = len(source.segments)
             source.segments.append(segment)
             if self.on_segment:
                 self.on_segment(source.key, segment)
+        return published
 
 
 def speech_after_stamps(window: Window) -> np.ndarray:

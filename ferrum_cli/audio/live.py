@@ -1,0 +1,167 @@
+"""Windows of speech from a live stream, each as soon as its stretch of speech ends.
+
+The planner of files (windows.plan_windows) reads four minutes ahead to pack windows well; a
+live stream cannot wait for that. Here the VAD runs on the audio as it arrives, and a stretch of
+speech becomes a window once a pause of LIVE_SILENCE_MS follows it, or once it has run for
+MAX_STRETCH_SECONDS (cut at its quietest point). What has been handed on is let go, so memory
+stays flat on an endless stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+import numpy as np
+
+from ..options import VadOptions
+from .constants import SAMPLE_RATE, VAD_FRAME
+from .level import raised_spans
+from .vad import WARMUP_FRAMES, regions_from_probabilities, speech_probabilities
+from .windows import quietest_cut
+
+LIVE_SILENCE_MS = 600  # a pause this long ends a stretch of live speech of MIN_STRETCH_SECONDS or more
+LONG_PAUSE_MS = 1500  # a pause this long ends any stretch
+MIN_STRETCH_SECONDS = 4.0  # shorter stretches wait for more: a phrase alone gives Whisper too little context
+MAX_STRETCH_SECONDS = 28.0  # a stretch this long is cut, so that each window fits Whisper's 30 s
+UPDATE_SECONDS = 0.2  # the VAD reads new audio in steps of at least this much
+UPDATE_INTERVAL = 0.1  # and at most this often (wall seconds): fed faster than real time, steps grow
+KEEP_SILENCE_SECONDS = 1.0  # audio kept before speech starts, for the VAD's context and padding
+_END = object()
+
+
+class LiveWindows:
+    """(offset seconds, samples) windows of a live stream, planned on a thread of their own.
+
+    ready() says whether next() would return without waiting. Each window's unpadded speech
+    regions go into `speech` (absolute samples) when it is taken, on the taker's thread.
+    on_ready, if given, is called (on the planner's thread) when a window is queued or the
+    stream ends.
+    """
+
+    def __init__(
+        self, chunks: Iterable[np.ndarray], vad_options: VadOptions, speech: list[tuple[int, int]],
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.options = replace(vad_options, min_silence_duration_ms=LIVE_SILENCE_MS)
+        self.speech, self.on_ready = speech, on_ready
+        self.pad = vad_options.speech_pad_ms * SAMPLE_RATE // 1000
+        self._queue: queue.Queue = queue.Queue()
+        self._chunks = chunks
+        self._thread = threading.Thread(target=self._plan, name="ferrum-live", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> bool:
+        return not self._queue.empty()
+
+    def __iter__(self) -> LiveWindows:
+        return self
+
+    def __next__(self) -> tuple[float, np.ndarray]:
+        item = self._queue.get()
+        if item is _END:
+            self._queue.put(_END)  # it stays ended
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._queue.put(_END)
+            raise item
+        offset, samples, core = item
+        self.speech.extend(core)
+        return offset, samples
+
+    # -- the planner's thread ----------------------------------------------------------
+
+    def _plan(self) -> None:
+        buffer = np.zeros(0, np.float32)
+        probs = np.zeros(0, np.float32)  # one per whole VAD frame of buffer
+        base = 0  # absolute sample of buffer[0]
+        emitted_to = 0  # buffer index where the last window ended
+        last_update = 0.0
+        try:
+            for chunk in self._chunks:
+                buffer = np.concatenate([buffer, chunk])
+                new = len(buffer) - len(probs) * VAD_FRAME
+                if new < UPDATE_SECONDS * SAMPLE_RATE or time.monotonic() - last_update < UPDATE_INTERVAL:
+                    continue
+                last_update = time.monotonic()
+                probs = self._extend(buffer, probs)
+                cut, emitted_to = self._emit(buffer, probs, base, emitted_to, final=False)
+                buffer, probs, base, emitted_to = buffer[cut:], probs[cut // VAD_FRAME :], base + cut, emitted_to - cut
+            probs = self._extend(buffer, probs, final=True)
+            self._emit(buffer, probs, base, emitted_to, final=True)
+        except BaseException as exc:  # the stream broke off (ffmpeg's error): the taker raises it
+            self._queue.put(exc)
+        self._queue.put(_END)
+        if self.on_ready:
+            self.on_ready()
+
+    def _extend(self, buffer: np.ndarray, probs: np.ndarray, final: bool = False) -> np.ndarray:
+        """The probabilities of the frames after those already read, each new read warmed up on
+        the half second before it."""
+        done = len(probs)
+        frames = (len(buffer) + (VAD_FRAME - 1 if final else 0)) // VAD_FRAME
+        if frames <= done:
+            return probs
+        start = max(0, done - WARMUP_FRAMES)
+        piece = buffer[start * VAD_FRAME : frames * VAD_FRAME]
+        fresh = speech_probabilities(piece)[done - start :]
+        return np.concatenate([probs, fresh[: frames - done]])
+
+    def _emit(self, buffer, probs, base: int, emitted_to: int, final: bool) -> tuple[int, int]:
+        """Queue the stretches that have ended; returns (where the buffer may be cut, emitted_to)."""
+        n = min(len(buffer), len(probs) * VAD_FRAME)
+        core = [(max(a, emitted_to), b) for a, b in regions_from_probabilities(probs.tolist(), n, self.options)]
+        core = [(a, b) for a, b in core if b > a]
+        max_stretch = int(MAX_STRETCH_SECONDS * SAMPLE_RATE)
+        for regions, closed in self._stretches(core, n, final):
+            start, end = regions[0][0], regions[-1][1]
+            if not closed and n - start < max_stretch:
+                break  # still being spoken
+            while end - start > max_stretch or (not closed and n - start >= max_stretch):
+                cut = quietest_cut(buffer, start + max_stretch * 2 // 3, min(start + max_stretch, n))
+                emitted_to = self._put(buffer, base, start, cut, emitted_to, clipped(regions, start, cut), False)
+                start = cut
+            if not closed:
+                break
+            emitted_to = self._put(buffer, base, start, end, emitted_to, clipped(regions, start, end))
+        keep = SAMPLE_RATE * KEEP_SILENCE_SECONDS
+        open_starts = [s for s, e in core if e > emitted_to]
+        cut = min([max(s - int(keep), emitted_to) for s in open_starts] + [max(n - int(keep), emitted_to)])
+        cut -= cut % VAD_FRAME
+        return max(cut, 0), emitted_to
+
+    @staticmethod
+    def _stretches(core: list[tuple[int, int]], n: int, final: bool):
+        """The speech regions grouped into stretches, each with whether it has ended: a pause of
+        LIVE_SILENCE_MS ends a stretch of MIN_STRETCH_SECONDS or more, one of LONG_PAUSE_MS any."""
+        short_pause, long_pause = LIVE_SILENCE_MS * SAMPLE_RATE // 1000, LONG_PAUSE_MS * SAMPLE_RATE // 1000
+        min_stretch = int(MIN_STRETCH_SECONDS * SAMPLE_RATE)
+        group: list[tuple[int, int]] = []
+        for region in core:
+            if group and (region[0] - group[-1][1] >= long_pause or group[-1][1] - group[0][0] >= min_stretch):
+                yield group, True
+                group = []
+            group.append(region)
+        if group:
+            after = n - group[-1][1]
+            long_enough = group[-1][1] - group[0][0] >= min_stretch
+            yield group, final or after >= long_pause or (long_enough and after >= short_pause)
+
+    def _put(
+        self, buffer, base: int, start: int, end: int, emitted_to: int, core: list[tuple[int, int]], pad_end=True
+    ) -> int:
+        """Queue the window of speech [start, end) with its padding (none after a cut inside
+        speech: the next window starts there); returns where it ends."""
+        lo, hi = max(start - self.pad, emitted_to, 0), min(end + (self.pad if pad_end else 0), len(buffer))
+        heard = np.array(raised_spans(buffer[lo:hi], [(0, hi - lo)]))  # a copy: the buffer is let go
+        self._queue.put(((base + lo) / SAMPLE_RATE, heard, [(base + a, base + b) for a, b in core]))
+        if self.on_ready:
+            self.on_ready()
+        return hi
+
+
+def clipped(regions: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    return [(max(a, start), min(b, end)) for a, b in regions if b > start and a < end]

@@ -1,0 +1,198 @@
+"""Live input: text while the speaker talks, from a pipe, a URL, or a capture device (ffmpeg's
+lavfi source standing in for a microphone: these machines have no sound card)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import FERRUM, JFK, SAMPLE, corpus, errors_against, needs_corpus, run_ferrum, wav_bytes
+
+CLIPS = [JFK, "en_harvard_speechbrain_example1.wav", "en_librispeech_61-70968-0000.flac", "en_ljspeech_LJ001-0001.flac"]
+GAP_SECONDS = 2.0
+
+PACER = r"""
+import sys, time
+data = open(sys.argv[1], "rb").read()
+rate = 32000 * float(sys.argv[2])  # bytes per second of 16-bit 16 kHz mono, sped up
+step, start, out = int(rate / 10), time.monotonic(), sys.stdout.buffer
+for i in range(0, len(data), step):
+    out.write(data[i : i + step])
+    out.flush()
+    time.sleep(max(0.0, start + (i + step) / rate - time.monotonic()))
+"""
+
+
+def decoded(path: Path) -> np.ndarray:
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    return decode_file(path).samples
+
+
+@pytest.fixture(scope="module")
+def joined(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
+    """The clips one after another with pauses between them, as 16-bit WAV: (file, each clip's span)."""
+    parts, spans, at = [], [], 0.0
+    gap = np.zeros(int(GAP_SECONDS * 16000), np.float32)
+    for name in CLIPS:
+        clip = decoded(corpus(name))
+        spans.append((at, at + len(clip) / 16000))
+        parts += [clip, gap]
+        at += (len(clip) + len(gap)) / 16000
+    path = tmp_path_factory.mktemp("live") / "joined.wav"
+    path.write_bytes(wav_bytes(np.concatenate(parts)))
+    return path, spans
+
+
+def paced(path: Path, speed: float, *args: str) -> tuple[list[tuple[float, dict]], float, subprocess.Popen]:
+    """`ferrum transcribe - --live -f jsonl` fed at `speed` times real time: each line with the
+    second it arrived, and the second the pacer wrote its last byte."""
+    pacer = subprocess.Popen([sys.executable, "-c", PACER, str(path), str(speed)], stdout=subprocess.PIPE)
+    ferrum = subprocess.Popen(
+        [FERRUM, "transcribe", "-", "--live", "-f", "jsonl", "-q", *args],
+        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    pacer.stdout.close()
+    start = time.monotonic()
+    lines = [(time.monotonic() - start, json.loads(line)) for line in ferrum.stdout]
+    pacer.wait(10)
+    ferrum.wait(60)
+    return lines, start, ferrum
+
+
+@needs_corpus
+def test_live_lines_come_while_the_speaker_talks_and_read_as_offline(joined):
+    path, spans = joined
+    offline = json.loads(run_ferrum("transcribe", str(path), "-f", "json", "-q").stdout)["segments"]
+    pacer_started = time.monotonic()
+    lines, start, ferrum = paced(path, 2.0)
+    pacer_seconds = spans[-1][1] / 2.0  # the stream's speech is over by then, at twice real time
+    assert ferrum.returncode == 0, ferrum.stderr.read()
+    assert start - pacer_started < 1.0
+
+    def clip_text(segments, span):
+        return " ".join(s["text"] for s in segments if span[0] <= (s["start"] + s["end"]) / 2 < span[1])
+
+    for span in spans:  # every sentence comes out, as the offline run reads it
+        heard = clip_text([line for _, line in lines], span)
+        assert heard, span
+        assert errors_against(clip_text(offline, span), heard, "en") <= 1, (heard, clip_text(offline, span))
+    for arrived, line in lines:  # all but the last stretch are out before the stream is
+        if line["end"] < spans[-1][0]:
+            assert arrived < pacer_seconds, (arrived, line)
+    starts = [line["start"] for _, line in lines]
+    assert starts == sorted(starts) and starts[0] < 1.0  # timestamps from the start of the stream
+
+
+@needs_corpus
+def test_ctrl_c_keeps_every_segment_printed_in_whole_files(joined, tmp_path):
+    path, _ = joined
+    out = tmp_path / "out"
+    pacer = subprocess.Popen([sys.executable, "-c", PACER, str(path), "2"], stdout=subprocess.PIPE)
+    ferrum = subprocess.Popen(
+        [FERRUM, "transcribe", "-", "--live", "-o", str(out), "-f", "txt", "-f", "json", "--stdin-name", "talk"],
+        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    pacer.stdout.close()
+    deadline = time.monotonic() + 60
+    while not (out / "talk.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (out / "talk.txt").exists(), "no segment written while the stream went on"
+    ferrum.send_signal(signal.SIGINT)
+    assert ferrum.wait(60) == 130
+    pacer.kill()
+    doc = json.loads((out / "talk.json").read_text())
+    lines = (out / "talk.txt").read_text().splitlines()
+    assert doc["segments"] and [s["text"].strip() for s in doc["segments"]] == lines
+    assert not list(out.glob(".*.tmp"))  # no half-written file left behind
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def http_corpus():
+    """The corpus folder over HTTP on a loopback port, for as long as the test runs."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(corpus(JFK).parent))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_url_transcribes_like_the_file(http_corpus, tmp_path):
+    url = f"{http_corpus}/{JFK}?download=1"
+    proc = run_ferrum("transcribe", url, "-f", "json", "-o", str(tmp_path), "-q")
+    assert proc.returncode == 0, proc.stderr
+    from_file = json.loads(run_ferrum("transcribe", str(corpus(JFK)), "-f", "json", "-q").stdout)
+    assert json.loads((tmp_path / "en_jfk_inaugural_1961.json").read_text())["text"] == from_file["text"]
+
+
+def test_an_unreachable_or_wrong_url_is_one_error_line(http_corpus):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again before ferrum tries it
+    for url in (f"http://127.0.0.1:{dead}/talk.mp3", f"{http_corpus}/manifest.tsv", f"{http_corpus}/missing.mp3"):
+        proc = run_ferrum("transcribe", url, "-q", timeout=60)
+        assert proc.returncode == 1, (url, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: {url}: "), proc.stderr
+
+
+def test_the_microphone_path_with_lavfi_standing_in_for_the_device(tmp_path):
+    tone = run_ferrum("transcribe", "--mic", "lavfi:sine=frequency=1000:duration=5", "-q", timeout=60)
+    assert tone.returncode == 0 and tone.stdout == ""
+    assert "no speech found" in tone.stderr
+    speech = run_ferrum("transcribe", "--mic", f"lavfi:amovie={SAMPLE}", "-f", "jsonl", "-q", timeout=60)
+    assert speech.returncode == 0, speech.stderr
+    assert "Dashwood" in " ".join(json.loads(line)["text"] for line in speech.stdout.splitlines())
+
+
+def test_live_refuses_files_and_what_it_cannot_do():
+    for args, says in (
+        ([str(SAMPLE), "--live"], "not a file"),
+        (["-", "--live", "--no-vad"], "needs the VAD"),
+        (["-", "--live", "--sequential"], "batched engine"),
+    ):
+        proc = run_ferrum("transcribe", *args)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+MEASURE_RSS = r"""
+import resource, subprocess, sys
+with open(sys.argv[1], "rb") as audio:
+    subprocess.run(sys.argv[2:], stdin=audio, stdout=subprocess.DEVNULL, check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+@needs_corpus
+def test_memory_stays_flat_on_an_hour_of_live_audio(tmp_path):
+    """An hour fed as fast as it goes (the JFK sentence once a minute) against ten minutes."""
+    minute = np.zeros(60 * 16000, np.float32)
+    jfk = decoded(corpus(JFK))
+    minute[: len(jfk)] = jfk
+    peaks = {}
+    for minutes in (10, 60):
+        path = tmp_path / f"{minutes}.wav"
+        path.write_bytes(wav_bytes(np.tile(minute, minutes)))
+        cmd = [FERRUM, "transcribe", "-", "--live", "-m", "tiny.en", "-f", "jsonl", "-q"]
+        out = subprocess.run([sys.executable, "-c", MEASURE_RSS, str(path), *cmd], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        peaks[minutes] = int(out.stdout.split()[-1])
+    assert peaks[60] <= 1.10 * peaks[10], peaks
