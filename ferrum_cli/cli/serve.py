@@ -10,9 +10,18 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..options import MAX_BATCH_SIZE
 from .console import call, fail
-from .transcribe import MODEL_PANEL, SPEED_PANEL, Compute, Dtype, _complete_devices
+from .transcribe import (
+    SPEED_PANEL,
+    BatchSizeOption,
+    Compute,
+    ComputeOption,
+    DeviceOption,
+    Dtype,
+    DtypeOption,
+    ModelOption,
+    ThreadsOption,
+)
 
 SERVER_PANEL = "Server"
 LIMITS_PANEL = "Limits"
@@ -62,28 +71,12 @@ def serve(
     max_upload_mb: Annotated[
         float, typer.Option(help="Largest upload, in MB, before 413.", min=0.001, rich_help_panel=LIMITS_PANEL)
     ] = 25.0,
-    model: Annotated[
-        str,
-        typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL),
-    ] = "base",
-    device: Annotated[
-        str,
-        typer.Option(
-            help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_devices, rich_help_panel=MODEL_PANEL
-        ),
-    ] = "auto",
-    dtype: Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.", rich_help_panel=MODEL_PANEL)] = (
-        Dtype.auto
-    ),
-    batch_size: Annotated[
-        int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
-    ] = 12,
-    compute: Annotated[
-        Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
-    ] = Compute.auto,
-    threads: Annotated[
-        int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)
-    ] = None,
+    model: ModelOption = "base",
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = Dtype.auto,
+    batch_size: BatchSizeOption = 12,
+    compute: ComputeOption = Compute.auto,
+    threads: ThreadsOption = None,
     share_batches: Annotated[
         bool, typer.Option(help="Windows of concurrent requests share batches.", rich_help_panel=SPEED_PANEL)
     ] = True,

@@ -61,6 +61,23 @@ def temperatures(start: float, increment: float | None) -> tuple[float, ...]:
     return tuple(round(start + i * increment, 4) for i in range(max(steps, 1)))
 
 
+# options that `ferrum serve` takes too, defined once
+ModelOption = Annotated[
+    str, typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL)
+]
+DeviceOption = Annotated[
+    str,
+    typer.Option(help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_devices, rich_help_panel=MODEL_PANEL),
+]
+DtypeOption = Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.", rich_help_panel=MODEL_PANEL)]
+BatchSizeOption = Annotated[
+    int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
+]
+ComputeOption = Annotated[
+    Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
+]
+ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)]
+
 EXAMPLES = """
 [b]Examples[/b]
 
@@ -119,19 +136,9 @@ def transcribe(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Segments on stderr as they are decoded.", rich_help_panel=IO_PANEL)
     ] = False,
-    model: Annotated[
-        str,
-        typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL),
-    ] = "base",
-    device: Annotated[
-        str,
-        typer.Option(
-            help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_devices, rich_help_panel=MODEL_PANEL
-        ),
-    ] = "auto",
-    dtype: Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.", rich_help_panel=MODEL_PANEL)] = (
-        Dtype.auto
-    ),
+    model: ModelOption = "base",
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = Dtype.auto,
     language: Annotated[
         str,
         typer.Option(
@@ -213,15 +220,9 @@ def transcribe(
     sequential: Annotated[
         bool, typer.Option(help="openai-whisper's own sequential loop.", rich_help_panel=SEQUENTIAL_PANEL)
     ] = False,
-    batch_size: Annotated[
-        int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
-    ] = 12,
-    compute: Annotated[
-        Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
-    ] = Compute.auto,
-    threads: Annotated[
-        int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)
-    ] = None,
+    batch_size: BatchSizeOption = 12,
+    compute: ComputeOption = Compute.auto,
+    threads: ThreadsOption = None,
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from ..batch.inputs import expand
