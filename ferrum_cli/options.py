@@ -9,6 +9,17 @@ COMPUTES = ("auto", "float32", "bfloat16", "int8")
 TASKS = ("transcribe", "translate")
 
 
+FALLBACK_INCREMENT = 0.2  # openai-whisper's --temperature_increment_on_fallback
+
+
+def temperatures(start: float, increment: float | None) -> tuple[float, ...]:
+    """The temperatures tried in turn: from `start`, raised by `increment` on each fallback, up to 1."""
+    if increment is None or increment <= 0:
+        return (start,)
+    steps = int(round((1.0 - start) / increment)) + 1
+    return tuple(round(start + i * increment, 4) for i in range(max(steps, 1)))
+
+
 @dataclass(frozen=True)
 class VadOptions:
     """Where speech is: the same knobs as faster-whisper's VadOptions."""

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..options import MAX_BATCH_SIZE
+from ..options import MAX_BATCH_SIZE, temperatures
 from .console import Interrupted, call, err, fail, on_signal, state
 
 IO_PANEL = "Input and output"
@@ -51,14 +51,6 @@ def _complete_formats(incomplete: str) -> list[str]:
 
 def _complete_devices(incomplete: str) -> list[str]:
     return [d for d in ("auto", "cpu", "cuda", "cuda:0", "mps") if d.startswith(incomplete)]
-
-
-def temperatures(start: float, increment: float | None) -> tuple[float, ...]:
-    """The temperatures tried in turn: from `start`, raised by `increment` on each fallback, up to 1."""
-    if increment is None or increment <= 0:
-        return (start,)
-    steps = int(round((1.0 - start) / increment)) + 1
-    return tuple(round(start + i * increment, 4) for i in range(max(steps, 1)))
 
 
 # options that `ferrum serve` takes too, defined once

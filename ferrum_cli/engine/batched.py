@@ -194,7 +194,7 @@ class BatchedEngine:
 
     def submit(self, request: SourceRequest) -> None:
         """Queue an input; step() opens it before it reads more of the inputs already started."""
-        self.shared, self.incoming = True, self._take_submitted()
+        self.shared = True
         self.inbox.append(request)
 
     def _take_submitted(self) -> Iterator[SourceRequest]:
@@ -335,11 +335,10 @@ class BatchedEngine:
         """Language and first windows of an opened source; `whole`: all its windows are planned."""
         if source.error is not None:
             return source
+        if (given := self.options.language or source.requested_language) is not None:
+            source.language, source.probability = given, 1.0
         if source.live:  # windows come as the speaker talks: none is waited for here
-            if (language := self.options.language or source.requested_language) is not None:
-                source.language, source.probability = language, 1.0
-            else:
-                source.detect_on_read = True
+            source.detect_on_read = given is None
             return source
         try:
             first = list(source.windows if whole else itertools.islice(source.windows, self.options.batch_size))
@@ -348,9 +347,7 @@ class BatchedEngine:
             return source
         samples = [w for _, w in first]
         features = encode_windows(self.model, samples, self.compute.encoder) if first else None
-        if (language := self.options.language or source.requested_language) is not None:
-            source.language, source.probability = language, 1.0
-        elif features is not None:
+        if given is None and features is not None:
             source.language, source.probability = detect_language(self.model, samples, features=features)
         if source.language == "und":
             for _ in source.windows:  # no speech to decode; read on for the duration

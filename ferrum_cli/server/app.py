@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from ..engine.service import Ticket
 from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
-from ..options import TranscribeOptions
+from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
 from ..results import Transcription
 from .gate import Gate
 from .metrics import ServerMetrics
@@ -155,11 +155,9 @@ class Server:
         if not 0.0 <= temperature <= 1.0:
             raise APIError(400, "temperature must be between 0 and 1", param="temperature")
         # OpenAI's rule: at 0 the temperature rises on fallback; above 0, fallback starts there
-        steps = int(round((1.0 - temperature) / 0.2)) + 1
-        temperatures = tuple(round(temperature + 0.2 * i, 4) for i in range(steps)) if temperature < 1 else (1.0,)
         options = replace(
             self.settings.options, task=task, language=code, initial_prompt=prompt or None,
-            temperature=temperatures, word_timestamps=words,
+            temperature=temperatures(temperature, FALLBACK_INCREMENT), word_timestamps=words,
         )  # fmt: skip
         try:
             self.executor.check_options(options)
