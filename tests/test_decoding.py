@@ -171,15 +171,14 @@ def small_model(float16_exact: bool):
 
 
 @x86_fbgemm
-def test_float16_weight_products_are_taken_only_where_float16_holds_the_weights_and_rows_repay_packing():
+def test_float16_weight_products_are_taken_only_where_float16_holds_the_weights():
     from ferrum_cli.engine.decoding import _half_weight_products
 
-    assert _half_weight_products(small_model(float16_exact=False), pack=True) is None  # no weight is rounded
+    assert _half_weight_products(small_model(float16_exact=False)) is None  # no weight is rounded
     model = small_model(float16_exact=True)
-    assert _half_weight_products(model, pack=False) is None  # a one-row batch does not pay for packing
-    products = _half_weight_products(model, pack=True)
+    products = _half_weight_products(model)
     assert products is not None
-    assert _half_weight_products(model, pack=False) is products  # once packed, every batch uses them
+    assert _half_weight_products(model) is products  # packed once per model
 
     x = torch.randn(3, 2, 64)
     torch.testing.assert_close(products.project(x), x @ model.decoder.token_embedding.weight.T, atol=1e-4, rtol=1e-5)
@@ -255,3 +254,38 @@ def test_rows_that_leave_the_batch_leave_the_others_as_if_decoded_alone(cache_dt
                 batch.logits(tokens[kept, :n], None), alone.logits(tokens[kept, :n], None), atol=1e-4, rtol=1e-5
             )
     assert torch.equal(features, given)  # the caller's features are never written
+
+
+@needs_corpus
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_window_gets_the_same_logits_alone_and_in_any_batch(executor, cache_dtype):
+    """A request's text must not depend on what shares its batch: the server batches requests
+    that arrive together, and a file decoded alone must read as it does in a folder."""
+    from whisper.audio import log_mel_spectrogram, pad_or_trim
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    model = executor._model
+    clips = [JFK, "en_timit_LDC93S1.wav", "en_librispeech_61-70968-0000.flac", "en_librispeech_2830-3980-0043.wav"]
+    mels = [pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(c)).samples)), 3000) for c in clips]
+    tokens = torch.tensor([50258, 50259, 50359, 50364, 400, 370, 11, 452, 7177, 6280])
+    with torch.no_grad():
+        features = model.encoder(torch.stack(mels))
+
+        def timit_logits(rows: list[int]) -> torch.Tensor:
+            """The logits at each step of the row that holds window 1 (TIMIT); from the third step
+            on, the rows at odd places after it have left the batch."""
+            inference = StaticCacheInference(model, initial_token_length=3, sot_index=0, cache_dtype=cache_dtype)
+            batch, at = tokens.repeat(len(rows), 1), rows.index(1)
+            steps = [inference.logits(batch[:, :3], features[rows])[at]]
+            for n in range(4, len(tokens) + 1):
+                if n == 6 and len(rows) > at + 1:
+                    keep = torch.tensor([i <= at or (i - at) % 2 == 0 for i in range(len(rows))])
+                    inference.keep_rows(keep)
+                    batch = batch[keep]
+                steps.append(inference.logits(batch[:, :n], None)[at])
+            return torch.cat(steps)
+
+        alone = timit_logits([1])
+        for rows in ([0, 1], [2, 1, 3], [0, 3, 2, 1], [3, 1, 0, 2, 0, 3, 2], [0, 1] + [2, 3] * 6):
+            assert torch.equal(timit_logits(rows), alone), rows

@@ -95,7 +95,7 @@ class StaticCacheInference:
         width = decoder.token_embedding.weight.shape[1]
         self.features = audio_features.to(self.cache_dtype)
         self.owns_features = self.features is not audio_features  # a copy: keep_rows may write in it
-        self.half_weights = _half_weight_products(self.model, pack=n_batch >= HALF_WEIGHT_MIN_ROWS)
+        self.half_weights = _half_weight_products(self.model)
         shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
         self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
         self.self_v = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
@@ -106,11 +106,11 @@ class StaticCacheInference:
         key, value, bias = self.folded[i]
         n_batch, n_tokens = q.shape[:2]
         n_head = key.shape[0]
-        folded = torch.einsum("bthd,hdn->bthn", q.view(n_batch, n_tokens, n_head, -1), key)
-        folded = folded.reshape(n_batch, n_tokens * n_head, -1).to(self.cache_dtype)
+        folded = self._heads(q, n_head) @ key  # [batch, head, tokens, width]
+        folded = folded.reshape(n_batch, n_head * n_tokens, -1).to(self.cache_dtype)
         mixed = _attend_features(folded, self.features).to(self.dtype)
-        out = torch.einsum("bthn,hdn->bthd", mixed.view(n_batch, n_tokens, n_head, -1), value) + bias
-        return out.flatten(2)
+        out = mixed.view(n_batch, n_head, n_tokens, -1) @ value + bias[:, None]  # [batch, head, tokens, head width]
+        return out.transpose(1, 2).flatten(2)
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """[batch, 2, vocab] on the first pass (SOT, last), [batch, 1, vocab] after."""
@@ -131,8 +131,8 @@ class StaticCacheInference:
             q = self._heads(linear(attn.query, h), attn.n_head)
             self.self_k[i, :, :, start:end] = self._heads(linear(attn.key, h), attn.n_head)
             self.self_v[i, :, :, start:end] = self._heads(linear(attn.value, h), attn.n_head)
-            o = F.scaled_dot_product_attention(
-                q, self.self_k[i, :, :, :end], self.self_v[i, :, :, :end], is_causal=n_new > 1 and start == 0
+            o = _self_attention(
+                q, self.self_k[i, :, :, :end], self.self_v[i, :, :, :end], causal=n_new > 1 and start == 0
             )
             x = x + linear(attn.out, o.transpose(1, 2).flatten(2))
             cross = block.cross_attn
@@ -171,6 +171,19 @@ def _move_up(cache: Tensor, kept: list[int], dim: int) -> None:
     for to, source in enumerate(kept):
         if to != source:
             cache.select(dim, to).copy_(cache.select(dim, source))
+
+
+def _self_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v for [batch, head, tokens, d] queries over [batch, head, positions, d].
+
+    Written out rather than torch's fused kernel, which rounds a row differently when it has the
+    batch to itself: a sequence's text must not depend on what else shares its batch.
+    """
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:  # the first pass: the prompt's tokens, which start at position 0
+        n = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -torch.inf)
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def _attend_features(queries: Tensor, features: Tensor) -> Tensor:
@@ -216,16 +229,14 @@ class HalfWeightProducts:
         return self.linear(mlp[2], F.gelu(self.linear(mlp[0], x)))
 
 
-HALF_WEIGHT_MIN_ROWS = 4  # packing takes about 1 s for base; one row would win that back over 130 steps
-
-
 def _prepack(weight: Tensor, bias: Tensor | None = None) -> object:
     return torch.ops.quantized.linear_prepack_fp16(weight.detach(), None if bias is None else bias.detach())
 
 
-def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
+def _half_weight_products(model) -> HalfWeightProducts | None:
     """HalfWeightProducts for a float32 decoder on a CPU with fbgemm, when float16 holds its weights.
-    They are packed once per model, and only when `pack`: a batch with rows enough to repay it."""
+    They are packed once per model and used for every batch, however few its rows: fbgemm computes
+    a row alike whatever else is in the batch, so a window decodes to the same text alone or shared."""
 
     def make() -> HalfWeightProducts | None:
         decoder = model.decoder
@@ -248,11 +259,13 @@ def _half_weight_products(model, pack: bool) -> HalfWeightProducts | None:
         return None  # fbgemm is x86's; other CPUs keep the float32 products
     if not hasattr(torch.ops.quantized, "linear_prepack_fp16"):
         return None
-    return derived(model, "float16-weight products", make, build=pack)
+    return derived(model, "float16-weight products", make)
 
 
 def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Per layer: the key weight by head, scaled by 1/sqrt(head width); the value weight by head; the value bias."""
+    """Per layer: the key weight by head [head, head width, width], scaled by 1/sqrt(head width);
+    the value weight by head, transposed [head, width, head width]; the value bias [head, head width].
+    Contiguous, as batched products on them round a row the same however many rows there are."""
 
     def fold() -> list[tuple[Tensor, Tensor, Tensor]]:
         folded = []
@@ -261,7 +274,7 @@ def _folded_cross_attention(model) -> list[tuple[Tensor, Tensor, Tensor]]:
             width = attn.key.weight.shape[1]
             head = width // attn.n_head
             key = attn.key.weight.detach().view(attn.n_head, head, width) * head**-0.5
-            value = attn.value.weight.detach().view(attn.n_head, head, width)
+            value = attn.value.weight.detach().view(attn.n_head, head, width).transpose(1, 2).contiguous()
             bias = attn.value.bias.detach().view(attn.n_head, head)
             folded.append((key, value, bias))
         return folded

@@ -8,12 +8,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def derived(model, name: str, make: Callable[[], T], build: bool = True) -> T | None:
+def derived(model, name: str, make: Callable[[], T]) -> T:
     """Something computed from the model's weights once and kept on the model, which outlives
-    the decoding tasks and batches that use it. Without `build`, only what is kept."""
+    the decoding tasks and batches that use it."""
     kept = model.__dict__.setdefault("_ferrum_derived", {})
     if name not in kept:
-        if not build:
-            return None
         kept[name] = make()
     return kept[name]
