@@ -8,6 +8,7 @@ audio is cut into up to 128 streams of at least 2 s that overlap by 0.5 s, run a
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -32,6 +33,9 @@ def _silero():
 
     torch.set_num_threads(threads)
     return silero_vad
+
+
+_MODEL_LOCK = threading.Lock()  # live streams plan on threads of their own, the engine on its
 
 
 @lru_cache(maxsize=1)
@@ -81,11 +85,11 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> l
         ]
     )
     out = torch.empty(index.shape[0], steps)
-    model = _model()
-    model.reset_states()
     # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
     # few seconds is over before that pays off, and a long one runs no faster with it
-    with torch.no_grad(), torch.jit.optimized_execution(False):
+    with _MODEL_LOCK, torch.no_grad(), torch.jit.optimized_execution(False):
+        model = _model()
+        model.reset_states()  # the model carries its state from step to step: one caller at a time
         for s in range(steps):
             out[:, s] = model(frames[index[:, s]], SAMPLE_RATE).view(-1)
     row = 0
