@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -244,8 +244,9 @@ LIVE_CHUNK_SECONDS = 0.1  # what a live input hands on at a time
 class AudioStream:
     """float32 chunks as ffmpeg produces them, so memory does not grow with length.
 
-    A file, a URL, stdin ("pipe:0", which ffmpeg reads itself) or a capture device
-    (input_format). start() spawns ffmpeg ahead of reading: a short input decodes whole into
+    A file, a URL, stdin ("pipe:0", which ffmpeg reads itself), a capture device (input_format),
+    or `feed`: bytes of any container that a thread writes into ffmpeg as they come (a
+    WebSocket's). start() spawns ffmpeg ahead of reading: a short input decodes whole into
     the pipe while the caller loads the model on the other core. `warning` is set once the
     stream is exhausted, if the input turned out truncated or damaged. live: chunks of 0.1 s as
     soon as they are decoded, for audio that arrives while it is transcribed.
@@ -253,8 +254,11 @@ class AudioStream:
 
     def __init__(
         self, path: str | os.PathLike[str], chunk_seconds: float = 30.0, live: bool = False,
-        input_format: str | None = None,
+        input_format: str | None = None, feed: Iterable[bytes] | None = None,
     ) -> None:  # fmt: skip
+        self.feed = feed
+        if feed is not None:
+            path = "pipe:0"
         if input_format or str(path) == "pipe:0" or is_url(str(path)):
             self.source = str(path)
         else:
@@ -279,13 +283,16 @@ class AudioStream:
             proc.communicate()
 
     def _spawn(self) -> subprocess.Popen:
+        stdin = None if self.source == "pipe:0" else subprocess.DEVNULL  # pipe:0: ffmpeg reads ours
         proc = subprocess.Popen(
             _decode_args(self.source, input_format=self.input_format, live=self.live),
-            stdin=None if self.source == "pipe:0" else subprocess.DEVNULL,  # stdin: ffmpeg reads ours
+            stdin=subprocess.PIPE if self.feed is not None else stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         _widen_pipe(proc.stdout)
+        if self.feed is not None:
+            threading.Thread(target=_write_feed, args=(self.feed, proc.stdin), name="ffmpeg-feed", daemon=True).start()
         return proc
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -315,6 +322,21 @@ class AudioStream:
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))
         self.warning = log.warning(total / SAMPLE_RATE, self.source)
+
+
+def _write_feed(feed: Iterable[bytes], pipe) -> None:
+    """Bytes into ffmpeg's stdin until the feed ends (then ffmpeg sees the end) or ffmpeg quits."""
+    try:
+        for data in feed:
+            pipe.write(data)
+            pipe.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # ffmpeg stopped reading: its own error, or the reader stopped it
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def stream_file(path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> AudioStream:
