@@ -218,6 +218,10 @@ class BatchedEngine:
         self.sources = [source for source in self.sources if not source.done]
         return [(source.key, source.error or source.result(self.decoding)) for source in done]
 
+    def language_of(self, key) -> str:
+        """The language of a source started and not yet handed back ("und" until it is known)."""
+        return next((source.language for source in self.sources if source.key is key), "und")
+
     def cancel(self, key) -> bool:
         """Forget an input: its windows leave the queue and its audio is closed. False if it is not here."""
         for request in list(self.inbox):

@@ -25,8 +25,9 @@ class Ticket:
 
     open_audio: Callable[[], Iterable[np.ndarray]]
     options: TranscribeOptions
-    on_segment: Callable[[Segment], None]  # each segment, in time order, as soon as it is final
+    on_segment: Callable[[Segment, str], None]  # each segment and its input's language, in time order, once final
     on_done: Callable[[Transcription | FerrumError], None]  # once, last
+    live: bool = False  # audio arriving in real time: each stretch decoded as soon as it ends
     finished: bool = field(default=False, init=False)
 
     def finish(self, result: Transcription | FerrumError) -> None:
@@ -47,6 +48,9 @@ class EngineService:
     Inputs with the same engine_key share one BatchedEngine, and so its batches; the thread takes
     one batch from each busy engine in turn. share_batches=False decodes one input at a time, in
     the order they came: the server without cross-request batching, for comparison.
+
+    An engine whose only inputs are live streams with no stretch ready is left `idle` until one
+    of them has (LiveWindows calls back), so that waiting for a speaker costs no CPU.
     """
 
     def __init__(
@@ -58,6 +62,8 @@ class EngineService:
         self._tickets: dict[TranscribeOptions, set[Ticket]] = {}
         self._submitted: list[Ticket] = []
         self._cancelled: list[Ticket] = []
+        self._idle: set[TranscribeOptions] = set()  # engines that wait for a live stream's next stretch
+        self._live_events = 0  # callbacks from live streams so far: a step that saw none may idle
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
@@ -71,11 +77,19 @@ class EngineService:
             self._wake.notify()
         return ticket
 
+    def _live_ready(self) -> None:
+        """A live stream has a stretch to decode, or has ended (on its planner's thread)."""
+        with self._wake:
+            self._live_events += 1
+            self._idle.clear()
+            self._wake.notify()
+
     def cancel(self, ticket: Ticket) -> None:
         """Drop an input's windows (its client went away); on_done is not called."""
         with self._wake:
             ticket.finished = True
             self._cancelled.append(ticket)
+            self._idle.clear()
             self._wake.notify()
 
     @property
@@ -97,21 +111,28 @@ class EngineService:
         turn = 0
         while True:
             with self._wake:
-                while not (self._submitted or self._cancelled or self._busy()):
-                    if self._stopping:
+                while not (self._submitted or self._cancelled or self._runnable()):
+                    if self._stopping and not self._busy():
                         return
                     self._wake.wait()
                 self._take_cancelled()
                 self._take_submitted()
-                busy = [key for key in self._engines if self._engines[key].busy]
+                busy = self._runnable()
+                events = self._live_events
             if not busy:
                 continue
             key = busy[turn % len(busy)]
             turn += 1
-            self._step(key)
+            if not self._step(key):
+                with self._wake:
+                    if self._live_events == events and key in self._engines:
+                        self._idle.add(key)
 
     def _busy(self) -> bool:
         return any(engine.busy for engine in self._engines.values())
+
+    def _runnable(self) -> list[TranscribeOptions]:
+        return [key for key, engine in self._engines.items() if engine.busy and key not in self._idle]
 
     def _take_cancelled(self) -> None:
         for ticket in self._cancelled:
@@ -130,14 +151,18 @@ class EngineService:
             ticket = self._submitted.pop(0)
             key = engine_key(ticket.options)
             if key not in self._engines:
-                self._engines[key] = BatchedEngine(self.model, key)
-                self._engines[key].on_segment = lambda t, segment: t.on_segment(segment)
+                engine = self._engines[key] = BatchedEngine(self.model, key)
+                engine.on_segment = lambda t, segment, e=engine: t.on_segment(segment, e.language_of(t))
+                engine.on_live_ready = self._live_ready
                 self._tickets[key] = set()
             self._tickets[key].add(ticket)
-            request = SourceRequest(ticket, ticket.open_audio, ticket.options.language, ticket.options.word_timestamps)
+            self._idle.discard(key)
+            options = ticket.options
+            request = SourceRequest(ticket, ticket.open_audio, options.language, options.word_timestamps, ticket.live)
             self._engines[key].submit(request)
 
-    def _step(self, key: TranscribeOptions) -> None:
+    def _step(self, key: TranscribeOptions) -> bool:
+        """One batch of an engine; False when it had nothing to do (its live streams wait for sound)."""
         engine = self._engines[key]
         try:
             finished = engine.step()
@@ -149,7 +174,7 @@ class EngineService:
                 del self._engines[key]
             for ticket in tickets:
                 ticket.finish(ServiceError(f"transcription failed: {type(exc).__name__}"))
-            return
+            return True
         if self.on_batch and engine.last_batch:
             self.on_batch(engine.last_batch, key.batch_size)
         with self._wake:
@@ -159,3 +184,4 @@ class EngineService:
             if self.on_result:
                 self.on_result(result)
             ticket.finish(result)
+        return bool(engine.last_batch or finished)
