@@ -108,6 +108,28 @@ def errors_against(reference: str, hypothesis: str, language: str) -> int:
     return prev[-1]
 
 
+def joined_clips(names: list[str], gap_seconds: float = 2.0):
+    """Corpus clips one after another with silence between: (float32 16 kHz samples, each clip's
+    (start, end) in seconds), a stand-in for someone speaking with pauses."""
+    import numpy as np
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    parts, spans, at = [], [], 0.0
+    gap = np.zeros(int(gap_seconds * 16000), np.float32)
+    for name in names:
+        clip = decode_file(corpus(name)).samples
+        spans.append((at, at + len(clip) / 16000))
+        parts += [clip, gap]
+        at += (len(clip) + len(gap)) / 16000
+    return np.concatenate(parts), spans
+
+
+def clip_text(segments, span: tuple[float, float]) -> str:
+    """The text of the segments (dicts with start, end, text) centred within span."""
+    return " ".join(s["text"] for s in segments if span[0] <= (s["start"] + s["end"]) / 2 < span[1])
+
+
 def words(text: str) -> str:
     """openai-whisper's English normalizer, so tests compare words and not punctuation."""
     from whisper.normalizers import EnglishTextNormalizer

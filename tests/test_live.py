@@ -16,7 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import FERRUM, JFK, SAMPLE, corpus, errors_against, needs_corpus, run_ferrum, wav_bytes
+from .conftest import (
+    FERRUM,
+    JFK,
+    SAMPLE,
+    clip_text,
+    corpus,
+    errors_against,
+    joined_clips,
+    needs_corpus,
+    run_ferrum,
+    wav_bytes,
+)
 
 CLIPS = [JFK, "en_harvard_speechbrain_example1.wav", "en_librispeech_61-70968-0000.flac", "en_ljspeech_LJ001-0001.flac"]
 GAP_SECONDS = 2.0
@@ -42,15 +53,9 @@ def decoded(path: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def joined(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
     """The clips one after another with pauses between them, as 16-bit WAV: (file, each clip's span)."""
-    parts, spans, at = [], [], 0.0
-    gap = np.zeros(int(GAP_SECONDS * 16000), np.float32)
-    for name in CLIPS:
-        clip = decoded(corpus(name))
-        spans.append((at, at + len(clip) / 16000))
-        parts += [clip, gap]
-        at += (len(clip) + len(gap)) / 16000
+    samples, spans = joined_clips(CLIPS, GAP_SECONDS)
     path = tmp_path_factory.mktemp("live") / "joined.wav"
-    path.write_bytes(wav_bytes(np.concatenate(parts)))
+    path.write_bytes(wav_bytes(samples))
     return path, spans
 
 
@@ -79,9 +84,6 @@ def test_live_lines_come_while_the_speaker_talks_and_read_as_offline(joined):
     pacer_seconds = spans[-1][1] / 2.0  # the stream's speech is over by then, at twice real time
     assert ferrum.returncode == 0, ferrum.stderr.read()
     assert start - pacer_started < 1.0
-
-    def clip_text(segments, span):
-        return " ".join(s["text"] for s in segments if span[0] <= (s["start"] + s["end"]) / 2 < span[1])
 
     for span in spans:  # every sentence comes out, as the offline run reads it
         heard = clip_text([line for _, line in lines], span)

@@ -15,7 +15,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import FERRUM, JFK, SAMPLE, corpus, corpus_rows, needs_corpus, run_ferrum, words
+from .conftest import (
+    FERRUM,
+    JFK,
+    SAMPLE,
+    clip_text,
+    corpus,
+    corpus_rows,
+    errors_against,
+    joined_clips,
+    needs_corpus,
+    run_ferrum,
+    wav_bytes,
+    words,
+)
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency (make install)")
 KEY = "test-key-123"
@@ -341,6 +354,96 @@ def test_clients_that_go_away_do_not_disturb_the_server(server, client):
     metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     cancelled = [line for line in metrics.splitlines() if line.startswith("ferrum_requests_cancelled_total")]
     assert cancelled and float(cancelled[0].split()[-1]) >= 1
+
+
+# -- live streams over a WebSocket ---------------------------------------------------------
+
+STREAMS = {
+    "pcm16": [JFK, "en_harvard_speechbrain_example1.wav"],
+    "any": ["en_librispeech_61-70968-0000.flac", "en_ljspeech_LJ001-0001.flac"],
+}
+STREAM_SPEED = 2.0  # times real time
+
+
+def stream_audio(server, payload: bytes, query: str, key: str | None = KEY) -> dict:
+    """Send payload over WS /v1/audio/stream at STREAM_SPEED, 0.1 s of audio per message, as a
+    recorder would; returns the events with the second each arrived and when sending ended."""
+    from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http", "ws") + "/v1/audio/stream?" + query
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    events, sent, close_code = [], {}, 1000
+    with connect(url, additional_headers=headers, open_timeout=30) as ws:
+        start = time.monotonic()
+
+        def send() -> None:
+            step = int(32000 * 0.1)  # bytes of 0.1 s of 16-bit 16 kHz mono
+            try:
+                for i in range(0, len(payload), step):
+                    ws.send(payload[i : i + step])
+                    time.sleep(max(0.0, start + (i + step) / (32000 * STREAM_SPEED) - time.monotonic()))
+                ws.send(json.dumps({"type": "end"}))
+            except ConnectionClosed:
+                return  # the server closed first (an error it has sent)
+            sent["at"] = time.monotonic() - start
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            for message in ws:
+                events.append((time.monotonic() - start, json.loads(message)))
+        except ConnectionClosedError as closed:
+            close_code = closed.rcvd.code if closed.rcvd else 1006
+        sender.join()
+    return {"events": events, "sent_at": sent.get("at"), "close_code": close_code}
+
+
+@needs_corpus
+def test_two_live_streams_at_once_give_text_while_they_are_sent(server, tmp_path):
+    """Two WebSocket streams share the engine: one of raw PCM16 frames, one of a WAV container
+    (decoded by ffmpeg as it arrives). Segments come before the stream ends, and each clip reads
+    as the CLI reads the same audio offline, to a word."""
+    joined = {fmt: joined_clips(names) for fmt, names in STREAMS.items()}
+    pcm = {fmt: (samples * 32767).astype("<i2").tobytes() for fmt, (samples, _) in joined.items()}
+    payloads = {"pcm16": pcm["pcm16"], "any": wav_bytes(joined["any"][0])}
+    with ThreadPoolExecutor(2) as pool:
+        runs = {fmt: pool.submit(stream_audio, server, payloads[fmt], f"audio_format={fmt}") for fmt in STREAMS}
+        results = {fmt: run.result(timeout=300) for fmt, run in runs.items()}
+    for fmt, (samples, spans) in joined.items():
+        assert results[fmt]["close_code"] == 1000
+        events = results[fmt]["events"]
+        kinds = [e["type"] for _, e in events]
+        assert kinds[-1] == "done" and set(kinds[:-1]) == {"segment"}, events
+        segments = [e for _, e in events[:-1]]
+        assert all(e["language"] == "en" for e in segments)
+        first_arrival = events[0][0]
+        assert first_arrival < results[fmt]["sent_at"], "no segment came while the audio was being sent"
+        offline_path = tmp_path / f"{fmt}.wav"
+        offline_path.write_bytes(wav_bytes(samples))
+        offline = json.loads(run_ferrum("transcribe", str(offline_path), "-f", "json", "-q").stdout)["segments"]
+        for span in spans:
+            heard = clip_text(segments, span)
+            assert errors_against(clip_text(offline, span), heard, "en") <= 1, (fmt, heard, clip_text(offline, span))
+        done = events[-1][1]
+        assert done["text"] == "".join(e["text"] for e in segments).strip()
+        assert abs(done["duration"] - len(samples) / 16000) < 0.1
+
+
+def test_a_live_stream_refused_or_broken_gets_an_openai_error(server):
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        stream_audio(server, b"", "", key="wrong")
+    assert refused.value.response.status_code == 401
+    bad_format = stream_audio(server, b"", "audio_format=mp3")
+    assert [e["type"] for _, e in bad_format["events"]] == ["error"] and bad_format["close_code"] == 1008
+    assert bad_format["events"][0][1]["error"]["param"] == "audio_format"
+    noise = stream_audio(server, bytes(range(256)) * 400, "audio_format=any")
+    assert [e["type"] for _, e in noise["events"]] == ["error"] and noise["close_code"] == 1008
+    assert noise["events"][0][1]["error"]["code"] == "invalid_audio"
+    with open(SAMPLE, "rb") as fh:  # and the server goes on
+        assert post(server, files={"file": ("a.wav", fh)}).status_code == 200
 
 
 # -- the process -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException
 from ..engine.service import Ticket
 from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
 from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
-from ..results import Transcription
 from .gate import Gate
+from .job import Job
 from .metrics import ServerMetrics
 from .openai_format import (
     GRANULARITIES,
@@ -34,6 +34,7 @@ from .openai_format import (
     response_body,
     sse,
 )
+from .stream import stream
 from .uploads import decode_upload
 
 log = logging.getLogger("ferrum.server")
@@ -247,7 +248,7 @@ class Server:
             while True:
                 kind, value = await job.events.get()
                 if kind == "segment":
-                    yield delta_event(value, first)
+                    yield delta_event(value[0], first)
                     first = False
                     continue
                 finished = True
@@ -262,26 +263,6 @@ class Server:
                 self.service.cancel(ticket)
                 self.metrics.cancelled.inc()
             self._finished(decoded, started)
-
-
-class Job:
-    """The engine thread's callbacks, handed over to the request's event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.result: asyncio.Future = loop.create_future()
-
-    def segment(self, segment) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, ("segment", segment))
-
-    def done(self, result: Transcription | FerrumError) -> None:
-        def settle():
-            self.events.put_nowait(("done", result))
-            if not self.result.done():
-                self.result.set_result(result)
-
-        self.loop.call_soon_threadsafe(settle)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -360,6 +341,14 @@ def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
         form = dict(file=file, model=model, prompt=prompt, response_format=response_format, temperature=temperature)
         form |= dict(timestamp_granularities=None, stream=False)
         return await transcription_endpoint(request, "translate", form)
+
+    @app.websocket("/v1/audio/stream")
+    async def audio_stream(websocket: WebSocket):
+        try:
+            await stream(websocket, server)
+        except Exception as exc:  # a bug: one line in the log
+            log.error("internal error on /v1/audio/stream: %s: %s", type(exc).__name__, exc)
+            log.debug("internal error", exc_info=True)
 
     @app.get("/v1/models")
     async def models():

@@ -24,21 +24,45 @@ class Gate:
         self.on_response = on_response  # (path, status) of every answer: the metrics
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":
+            if self._refused(scope):
+                await self._refuse_websocket(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.on_response:
             send = self._counted(scope.get("path", ""), send)
-        headers = dict(scope.get("headers") or [])
-        if self.api_key and scope.get("path") not in OPEN_PATHS and not self._authorized(headers):
-            given = b"authorization" in headers
-            message = "Incorrect API key provided." if given else "You didn't provide an API key."
-            body = error_bytes(message + " Send it as 'Authorization: Bearer KEY'.", "invalid_request_error",
-                               "invalid_api_key")  # fmt: skip
+        if self._refused(scope):
             await self._drain(receive)
-            await respond(send, 401, body, [(b"www-authenticate", b"Bearer")])
+            await respond(send, 401, self._refusal(scope), [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, self._limited(receive), send)
+
+    def _refused(self, scope) -> bool:
+        headers = dict(scope.get("headers") or [])
+        return bool(self.api_key) and scope.get("path") not in OPEN_PATHS and not self._authorized(headers)
+
+    def _refusal(self, scope) -> bytes:
+        given = b"authorization" in dict(scope.get("headers") or [])
+        message = "Incorrect API key provided." if given else "You didn't provide an API key."
+        return error_bytes(message + " Send it as 'Authorization: Bearer KEY'.", "invalid_request_error",
+                           "invalid_api_key")  # fmt: skip
+
+    async def _refuse_websocket(self, scope, receive, send) -> None:
+        """A 401 in place of the handshake's 101, where the server can send one; else a close."""
+        await receive()  # websocket.connect
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = self._refusal(scope)
+        await send({
+            "type": "websocket.http.response.start", "status": 401,
+            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+        })  # fmt: skip
+        await send({"type": "websocket.http.response.body", "body": body})
 
     def _counted(self, path: str, send):
         async def counted_send(message):
