@@ -442,8 +442,22 @@ def test_a_live_stream_refused_or_broken_gets_an_openai_error(server):
     noise = stream_audio(server, bytes(range(256)) * 400, "audio_format=any")
     assert [e["type"] for _, e in noise["events"]] == ["error"] and noise["close_code"] == 1008
     assert noise["events"][0][1]["error"]["code"] == "invalid_audio"
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http", "ws") + "/v1/audio/stream"
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:  # gone mid-stream
+        speech = (joined_clips([JFK])[0] * 32767).astype("<i2").tobytes()
+        for i in range(0, len(speech) // 2, 3200):
+            ws.send(speech[i : i + 3200])
     with open(SAMPLE, "rb") as fh:  # and the server goes on
         assert post(server, files={"file": ("a.wav", fh)}).status_code == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        if "ferrum_live_streams 0.0" in metrics:
+            break
+        time.sleep(0.2)
+    assert "ferrum_live_streams 0.0" in metrics
 
 
 # -- the process -----------------------------------------------------------------------------

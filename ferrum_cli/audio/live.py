@@ -24,13 +24,19 @@ from .vad import WARMUP_FRAMES, regions_from_probabilities, speech_probabilities
 from .windows import quietest_cut
 
 LIVE_SILENCE_MS = 600  # a pause this long ends a stretch of live speech of MIN_STRETCH_SECONDS or more
-LONG_PAUSE_MS = 1500  # a pause this long ends any stretch
-MIN_STRETCH_SECONDS = 4.0  # shorter stretches wait for more: a phrase alone gives Whisper too little context
+LONG_PAUSE_MS = 1000  # a pause this long ends any stretch: speakers seldom pause so long inside a sentence
+MIN_STRETCH_SECONDS = 1.5  # shorter stretches wait for more: a word or two alone gives Whisper too little context
 MAX_STRETCH_SECONDS = 28.0  # a stretch this long is cut, so that each window fits Whisper's 30 s
 UPDATE_SECONDS = 0.2  # the VAD reads new audio in steps of at least this much
 UPDATE_INTERVAL = 0.1  # and at most this often (wall seconds): fed faster than real time, steps grow
 KEEP_SILENCE_SECONDS = 1.0  # audio kept before speech starts, for the VAD's context and padding
+READY_WINDOWS = 24  # stretches planned and not yet taken, at most
+CLOSED_POLL_SECONDS = 0.2
 _END = object()
+
+
+class _Closed(Exception):
+    """The taker closed the windows while the planner waited to hand one on."""
 
 
 class LiveWindows:
@@ -49,10 +55,21 @@ class LiveWindows:
         self.options = replace(vad_options, min_silence_duration_ms=LIVE_SILENCE_MS)
         self.speech, self.on_ready = speech, on_ready
         self.pad = vad_options.speech_pad_ms * SAMPLE_RATE // 1000
-        self._queue: queue.Queue = queue.Queue()
+        # bounded: audio fed faster than it is decoded waits in the pipe, not in memory
+        self._queue: queue.Queue = queue.Queue(READY_WINDOWS)
         self._chunks = chunks
+        self._closed = False
         self._thread = threading.Thread(target=self._plan, name="ferrum-live", daemon=True)
         self._thread.start()
+
+    def close(self) -> None:
+        """Stop planning (the input was cancelled): the planner stops at its next chunk or window."""
+        self._closed = True
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
 
     def ready(self) -> bool:
         return not self._queue.empty()
@@ -82,6 +99,8 @@ class LiveWindows:
         last_update = 0.0
         try:
             for chunk in self._chunks:
+                if self._closed:
+                    return
                 buffer = np.concatenate([buffer, chunk])
                 new = len(buffer) - len(probs) * VAD_FRAME
                 if new < UPDATE_SECONDS * SAMPLE_RATE or time.monotonic() - last_update < UPDATE_INTERVAL:
@@ -92,11 +111,30 @@ class LiveWindows:
                 buffer, probs, base, emitted_to = buffer[cut:], probs[cut // VAD_FRAME :], base + cut, emitted_to - cut
             probs = self._extend(buffer, probs, final=True)
             self._emit(buffer, probs, base, emitted_to, final=True)
+        except _Closed:
+            return
         except BaseException as exc:  # the stream broke off (ffmpeg's error): the taker raises it
-            self._queue.put(exc)
-        self._queue.put(_END)
+            failure = exc
+        else:
+            failure = None
+        try:
+            if failure is not None:
+                self._offer(failure)
+            self._offer(_END)
+        except _Closed:
+            return
         if self.on_ready:
             self.on_ready()
+
+    def _offer(self, item) -> None:
+        """Into the queue, waiting while it is full, unless the taker has closed it."""
+        while not self._closed:
+            try:
+                self._queue.put(item, timeout=CLOSED_POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+        raise _Closed
 
     def _extend(self, buffer: np.ndarray, probs: np.ndarray, final: bool = False) -> np.ndarray:
         """The probabilities of the frames after those already read, each new read warmed up on
@@ -157,7 +195,7 @@ class LiveWindows:
         speech: the next window starts there); returns where it ends."""
         lo, hi = max(start - self.pad, emitted_to, 0), min(end + (self.pad if pad_end else 0), len(buffer))
         heard = np.array(raised_spans(buffer[lo:hi], [(0, hi - lo)]))  # a copy: the buffer is let go
-        self._queue.put(((base + lo) / SAMPLE_RATE, heard, [(base + a, base + b) for a, b in core]))
+        self._offer(((base + lo) / SAMPLE_RATE, heard, [(base + a, base + b) for a, b in core]))
         if self.on_ready:
             self.on_ready()
         return hi
