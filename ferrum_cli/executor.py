@@ -219,8 +219,14 @@ class WhisperModelExecutor:
         It owns the model until closed: do not transcribe through this executor meanwhile."""
         from .engine.service import EngineService
 
+        service = EngineService(self._require_model(), share_batches, on_batch, self._count_result)
         self._state = "serving"
-        return EngineService(self._require_model(), share_batches, on_batch, self._count_result)
+        service.on_closed = self._service_closed
+        return service
+
+    def _service_closed(self) -> None:
+        if self._state == "serving":
+            self._state = "ready"
 
     def _count_result(self, result) -> None:
         if isinstance(result, FerrumError):

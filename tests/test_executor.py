@@ -214,3 +214,38 @@ def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
     clips.append(np.zeros(0, np.float32))
     alone = [(speech_regions(c), speech_regions(c, VadOptions(speech_pad_ms=0))) for c in clips]
     assert speech_regions_and_core_many(clips) == alone
+
+
+@needs_corpus
+def test_the_engine_service_gives_each_ticket_what_transcribe_gives(executor):
+    """serve(): tickets from another thread share the engine's batches, each with its own language,
+    and get the text transcribe() gives alone; the executor is `serving` until the service closes."""
+    import threading
+
+    from ferrum_cli.engine.service import Ticket
+
+    clips = [str(corpus(JFK)), str(corpus("en_timit_LDC93S1.wav")), str(corpus("de_picovoice_test_de.wav"))]
+    alone = {c: executor.transcribe(c, TranscribeOptions()).text for c in clips}
+    results, segments, finished = {}, {}, threading.Event()
+
+    def ticket(clip: str) -> Ticket:
+        def done(result) -> None:
+            results[clip] = result
+            if len(results) == len(clips):
+                finished.set()
+
+        return Ticket(
+            lambda: iter(decode_file(clip)), TranscribeOptions(), lambda s, lang: segments.setdefault(clip, lang), done
+        )
+
+    service = executor.serve()
+    try:
+        assert executor.status()["state"] == "serving"
+        for clip in clips:
+            service.submit(ticket(clip))
+        assert finished.wait(300)
+    finally:
+        service.close()
+    assert executor.status()["state"] == "ready"
+    assert {c: r.text for c, r in results.items()} == alone
+    assert segments[clips[2]] == "de" and segments[clips[0]] == "en"

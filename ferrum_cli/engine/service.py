@@ -66,6 +66,7 @@ class EngineService:
         self._live_events = 0  # callbacks from live streams so far: a step that saw none may idle
         self._wake = threading.Condition()
         self._stopping = False
+        self.on_closed: Callable[[], None] | None = None  # after close() has stopped the thread
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
         self._thread.start()
 
@@ -104,6 +105,8 @@ class EngineService:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
+        if self.on_closed and not self._thread.is_alive():
+            self.on_closed()
 
     # -- the engine's thread -----------------------------------------------------------
 
