@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel. A bare torch requirement pulls a multi-GB CUDA build.
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve,cluster]'
 	touch $(STAMP)
 
 run: install
@@ -22,7 +22,7 @@ test: install
 	$(BIN)/pytest -q
 
 bench: install
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve,bench]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve,cluster,bench]'
 	$(BIN)/python bench/run_bench.py
 
 lint: install

@@ -2,13 +2,13 @@
 
 Scenarios (the performance issue's): the English clips joined 6 times (about 603 s), the 12
 English clips in one process, the cold start on the JFK clip, peak memory on a 10- and a
-60-minute file, `ferrum serve` under concurrent clients (serve_bench.py) and the longform through
-`--live` at real-time pace (live_bench.py). Same audio, same base weights (the installed pack), greedy decoding, language
-given. Every system runs in its own process; peak RSS is that process's. The machines are
-noisy, so the systems of a scenario take turns, BENCH_ROUNDS times (2), and the best time
-counts; WER is the mean over the runs (openai-whisper's fallback sampling is not seeded, so
-its text changes from run to run). The figures go to bench/results/latest.json. A
-benchmark, not a test: nothing here asserts a time.
+60-minute file, `ferrum serve` under concurrent clients (serve_bench.py) and the longform
+through `--live` at real-time pace (live_bench.py). Same audio, same base weights (the installed
+pack), greedy decoding, language given. Every system runs in its own process; peak RSS is
+that process's. The machines are noisy, so the systems of a scenario take turns, BENCH_ROUNDS
+times (2), and the best time counts; WER is the mean over the runs (openai-whisper's fallback
+sampling is not seeded, so its text changes from run to run). The figures go to
+bench/results/latest.json. A benchmark, not a test: nothing here asserts a time.
 
 The WER joins digits grouped only by spaces, commas or dashes before scoring, in the
 reference and the text alike (scored_words). On the longform the bench also counts the copies

@@ -71,6 +71,12 @@ class ServiceError(FerrumError):
     exit_code = 1
 
 
+class ClusterError(FerrumError):
+    """The Ray cluster cannot be joined, or no worker on it could start."""
+
+    exit_code = 1
+
+
 class OverloadedError(ServiceError):
     """More audio is queued than the server takes; the client may retry after `retry_after` seconds."""
 

@@ -76,7 +76,7 @@ def is_complete(paths: dict[str, Path]) -> bool:
     return all(p.is_file() for p in paths.values())
 
 
-def _read_stdin() -> bytes:
+def read_stdin() -> bytes:
     data = sys.stdin.buffer.read()
     if not data:
         raise InputError("empty input on stdin")
@@ -124,7 +124,7 @@ def run_batch(
 
     started: from start_decoding, each read in its job's turn."""
     started = started or {}
-    outputs = dict(_jobs_to_run(plan, events, summary))
+    outputs = dict(jobs_to_run(plan, events, summary))
     todo = list(outputs)
 
     def partial(job: Job, result: Transcription) -> None:
@@ -146,12 +146,12 @@ def run_batch(
                 on_partial=partial,
             ):  # fmt: skip
                 finished += 1
-                _finish(job, result, outputs[job], plan, events, summary)
+                finish_job(job, result, outputs[job], plan, events, summary)
             todo = []
         except Exception as exc:  # a bug must not sink the rest of a long batch
             if debug:
                 raise
-            _fail(todo[finished], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
+            fail_job(todo[finished], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
             todo = todo[finished + 1 :]
     return summary
 
@@ -162,18 +162,18 @@ def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
         source = "pipe:0" if job.is_stdin else job.source
         return AudioStream(source, live=True, input_format=job.capture_format)
     if job.is_stdin:
-        return _read_stdin
+        return read_stdin
     return started.get(job, job.source)
 
 
-def _jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
+def jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
     """(job, output paths) of each job to transcribe; the others are reported skipped or failed."""
     input_paths = {os.path.realpath(j.source) for j in plan.jobs if not j.is_stdin}
     for job in plan.jobs:
         try:
             paths = outputs_for(job, plan.output_dir, plan.formats) if plan.output_dir else {}
         except OutputError as exc:
-            _fail(job, exc.message, events, summary)
+            fail_job(job, exc.message, events, summary)
             continue
         if plan.skip_existing and paths and is_complete(paths):
             summary.skipped += 1
@@ -182,17 +182,17 @@ def _jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) ->
             continue
         clash = [p for p in paths.values() if os.path.realpath(p) in input_paths]
         if clash:
-            _fail(job, f"output {clash[0]} would overwrite an input", events, summary)
+            fail_job(job, f"output {clash[0]} would overwrite an input", events, summary)
             continue
         yield job, paths
 
 
-def _finish(
+def finish_job(
     job: Job, result, paths: dict[str, Path], plan: BatchPlan, events: BatchEvents, summary: BatchSummary
 ) -> None:
     """One job's result: its outputs written whole, or its error reported."""
     if isinstance(result, FerrumError):
-        _fail(job, result.message, events, summary)
+        fail_job(job, result.message, events, summary)
         return
     for warning in result.warnings:
         if events.on_warning:
@@ -200,7 +200,7 @@ def _finish(
     try:
         _write_outputs(result, paths, plan)
     except FerrumError as exc:
-        _fail(job, exc.message, events, summary)
+        fail_job(job, exc.message, events, summary)
         return
     summary.done += 1
     summary.audio_seconds += result.duration
@@ -242,7 +242,7 @@ def _signals_held() -> Iterator[None]:
                 os.kill(os.getpid(), caught[0])
 
 
-def _fail(job: Job, reason: str, events: BatchEvents, summary: BatchSummary) -> None:
+def fail_job(job: Job, reason: str, events: BatchEvents, summary: BatchSummary) -> None:
     summary.failed += 1
     if events.on_failure:
         events.on_failure(job, reason)

@@ -23,6 +23,7 @@ SEQUENTIAL_PANEL = "Sequential engine (openai-whisper's loop)"
 VAD_PANEL = "Voice activity detection"
 SUBTITLE_PANEL = "Word times and subtitles"
 SPEED_PANEL = "Performance"
+CLUSTER_PANEL = "Cluster (Ray)"
 FORMAT_CHOICES = ("txt", "srt", "vtt", "json", "tsv", "jsonl", "all")  # writers.FORMATS and all
 
 
@@ -80,6 +81,7 @@ EXAMPLES = """
   arecord -f S16_LE -r 16000 | ferrum transcribe - --live
   ferrum transcribe https://example.org/talk.mp3 -o out/
   ferrum transcribe --mic default -f jsonl
+  ferrum transcribe archive/ -o out/ --cluster auto --skip-existing
 """
 
 
@@ -215,6 +217,19 @@ def transcribe(
     batch_size: BatchSizeOption = 12,
     compute: ComputeOption = Compute.auto,
     threads: ThreadsOption = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ADDRESS",
+            help="Run on Ray: auto, local, ray://host:10001 or host:port.",
+            rich_help_panel=CLUSTER_PANEL,
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Workers on the cluster; default: as its CPUs allow.", min=1, rich_help_panel=CLUSTER_PANEL),
+    ] = None,
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from ..batch.inputs import expand
@@ -242,6 +257,10 @@ def transcribe(
         live = True
     if live:
         _check_live(jobs, vad, sequential or (beam_size or 1) > 1)
+    if cluster is not None and live:
+        fail(UsageError("--cluster transcribes files; --live and --mic run on this machine"))
+    if workers is not None and cluster is None:
+        fail(UsageError("--workers needs --cluster"))
     if output_dir is not None:
         call(ensure_writable_dir, output_dir)
     vad_options = VadOptions(
@@ -264,6 +283,12 @@ def transcribe(
     if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
         call(language_code, language)  # a bad option is an error even with nothing left to do
         view.finish(BatchSummary(skipped=len(jobs)))
+        return
+    if cluster is not None:
+        from ..batch.cluster import ClusterSettings
+
+        settings = ClusterSettings(cluster.strip(), workers, model, device, dtype.value, threads)
+        _run_on_cluster(plan, view, language, settings)
         return
     _run(plan, view, language, model, device, dtype.value, threads)
 
@@ -316,14 +341,38 @@ def _run(plan, view, language: str, model: str, device: str, dtype: str, threads
                 view.progress.start()
             call(run_batch, executor, plan, view.events(), summary, state["debug"], started)
     except (KeyboardInterrupt, Interrupted) as exc:
-        summary.interrupted = True
-        view.stop_progress()
-        err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
-        view.finish(summary)
-        raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
+        _interrupted(view, summary, exc)
     view.finish(summary)
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _run_on_cluster(plan, view, language: str, settings) -> None:
+    """The batch on Ray: the same plan, summary and exit codes as _run."""
+    from ..batch.cluster import run_cluster
+    from ..batch.runner import BatchSummary
+    from ..engine.language import language_code
+
+    summary = BatchSummary()
+    try:
+        plan = replace(plan, options=replace(plan.options, language=call(language_code, language)))
+        view.show_progress(len(plan.jobs))
+        if view.progress:
+            view.progress.start()
+        call(run_cluster, plan, view.events(), summary, settings)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        _interrupted(view, summary, exc)
+    view.finish(summary)
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _interrupted(view, summary, exc) -> None:
+    summary.interrupted = True
+    view.stop_progress()
+    err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
+    view.finish(summary)
+    raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
 
 
 def _load_executor(model: str, device: str, dtype: str, threads: int | None):

@@ -1,0 +1,242 @@
+"""A batch on a Ray cluster (`--cluster`): the jobs, options and outputs of run_batch, with the
+transcription done by worker actors and the outputs written here by the same writers.
+
+Ray actors rather than Ray Data: each worker keeps one model and one engine for its life and is
+handed a few files at a time, which it batches together as the CLI does. The driver keeps the
+queue, so it decides the retries: a group of files whose worker is lost goes to a new worker, a
+file's own error is final. Ray does the placement, the transport and the failure detection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ClusterError, FerrumError, UsageError
+from .inputs import Job
+from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run, read_stdin
+
+GROUP_FILES = 4  # files per task: the worker batches their windows together
+IN_FLIGHT = 2  # tasks per worker at once, so that the next one is there when one ends
+MAX_LOSSES = 3  # times a group may lose its worker before its files fail
+WAIT_SECONDS = 1.0
+CONNECT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    address: str  # "auto", "local", "ray://host:10001" or a GCS address host:port
+    workers: int | None  # None: as many as the cluster's CPUs (or GPUs) allow
+    model: str
+    device: str
+    dtype: str
+    threads: int | None  # CPUs per worker; 1 when not given
+
+
+class TranscriptionWorker:
+    """One model on a Ray worker; Ray builds it with ray.remote in start_workers."""
+
+    def __init__(self, model: str, device: str, dtype: str, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        from ..executor import WhisperModelExecutor
+
+        self.executor = WhisperModelExecutor.from_path(model, device, dtype)
+
+    def ready(self) -> bool:
+        """Answers once the model is loaded (Ray runs __init__ first)."""
+        return True
+
+    def can_read(self, path: str, size: int) -> bool:
+        """Whether this worker sees the driver's file at the same path (shared storage)."""
+        try:
+            return os.path.getsize(path) == size
+        except OSError:
+            return False
+
+    def transcribe(self, items: list[tuple[int, str | bytes]], options) -> list[tuple[int, object]]:
+        """(index, Transcription or FerrumError) of each (index, path or bytes)."""
+        return list(self.executor.transcribe_many(items, options))
+
+
+def connect(address: str):
+    """The ray module, connected to the cluster at address; an unreachable one is an error within
+    CONNECT_SECONDS (Ray itself goes on retrying for minutes)."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--cluster needs Ray: pip install 'ferrum-cli[cluster]'") from None
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # ferrum reports; Ray's INFO lines are noise
+    if address == "local":
+        kwargs = {"include_dashboard": False, **quiet}
+    elif address.startswith("ray://"):
+        kwargs = {"address": address, **quiet}
+    else:
+        kwargs = {"address": address, "include_dashboard": False, **quiet}
+    outcome: dict = {}
+
+    def init() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome["ok"] = True
+        except Exception as exc:  # Ray's own errors: ConnectionError, RuntimeError, ValueError
+            outcome["error"] = exc
+
+    joining = threading.Thread(target=init, name="ray-init", daemon=True)
+    joining.start()
+    joining.join(CONNECT_SECONDS)
+    if "ok" in outcome:
+        return ray
+    if "error" not in outcome:
+        raise ClusterError(f"cannot join the Ray cluster at {address}: no answer in {CONNECT_SECONDS:.0f} s")
+    exc = outcome["error"]
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    raise ClusterError(f"cannot join the Ray cluster at {address}: {message}")
+
+
+def worker_count(ray, settings: ClusterSettings) -> int:
+    if settings.workers:
+        return settings.workers
+    resources = ray.cluster_resources()
+    if settings.device.startswith("cuda"):
+        return max(1, int(resources.get("GPU", 0)))
+    return max(1, int(resources.get("CPU", 1)) // (settings.threads or 1))
+
+
+class Workers:
+    """The live actors, each with its tasks in flight; a lost one is replaced."""
+
+    def __init__(self, ray, settings: ClusterSettings, count: int) -> None:
+        self.ray, self.settings = ray, settings
+        gpus = 1 if settings.device.startswith("cuda") else 0
+        self.actor_class = ray.remote(num_cpus=settings.threads or 1, num_gpus=gpus, max_restarts=0)(
+            TranscriptionWorker
+        )
+        self.actors = [self._start() for _ in range(count)]
+        self.in_flight: dict[object, int] = {}  # actor -> tasks
+        self.shared: dict[object, bool] = {}  # actor -> reads the driver's paths
+
+    def wait_ready(self) -> None:
+        """Every worker loaded; those that could not start are dropped, and none is an error."""
+        from ray.exceptions import RayActorError
+
+        started, cause = [], ""
+        for actor, ready in [(a, a.ready.remote()) for a in self.actors]:
+            try:
+                self.ray.get(ready)
+                started.append(actor)
+            except RayActorError as exc:
+                cause = _first_line(exc)
+        if not started:
+            raise ClusterError(f"no worker could start on the cluster: {cause}")
+        self.actors = started
+
+    def _start(self):
+        s = self.settings
+        return self.actor_class.remote(s.model, s.device, s.dtype, s.threads or 1)
+
+    def replace(self, actor) -> None:
+        if actor in self.actors:
+            self.actors[self.actors.index(actor)] = self._start()
+        self.in_flight.pop(actor, None)
+        self.shared.pop(actor, None)
+
+    def free(self) -> list:
+        return [a for a in self.actors if self.in_flight.get(a, 0) < IN_FLIGHT]
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # already gone
+                pass
+
+
+def run_cluster(plan: BatchPlan, events: BatchEvents, summary: BatchSummary, settings: ClusterSettings) -> BatchSummary:
+    """Transcribe every job that needs it on the cluster's workers; outputs are written here as
+    each group of files comes back, so an interruption keeps every finished one."""
+    if plan.live:
+        raise UsageError("--cluster transcribes files; --live and --mic run on this machine")
+    outputs = dict(jobs_to_run(plan, events, summary))
+    if not outputs:
+        return summary
+    ray = connect(settings.address)
+    workers = None
+    try:
+        workers = Workers(ray, settings, worker_count(ray, settings))
+        workers.wait_ready()
+        _drive(ray, workers, deque(_groups(list(outputs))), outputs, plan, events, summary)
+    finally:
+        if workers is not None:
+            workers.stop()
+        ray.shutdown()
+    return summary
+
+
+def _groups(jobs: list[Job]) -> list[tuple[Job, ...]]:
+    return [tuple(jobs[i : i + GROUP_FILES]) for i in range(0, len(jobs), GROUP_FILES)]
+
+
+def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, events, summary) -> None:
+    from ray.exceptions import RayActorError, RayTaskError
+
+    tasks: dict[object, tuple[object, tuple[Job, ...]]] = {}  # ref -> (actor, group)
+    losses: dict[tuple[Job, ...], int] = {}
+    while queue or tasks:
+        for actor in workers.free():
+            if not queue:
+                break
+            group = queue.popleft()
+            try:
+                items = [(i, _payload(ray, workers, actor, job)) for i, job in enumerate(group)]
+            except FerrumError as exc:  # stdin could not be read
+                for job in group:
+                    fail_job(job, exc.message, events, summary)
+                continue
+            tasks[actor.transcribe.remote(items, plan.options)] = (actor, group)
+            workers.in_flight[actor] = workers.in_flight.get(actor, 0) + 1
+        ready, _ = ray.wait(list(tasks), num_returns=1, timeout=WAIT_SECONDS)
+        for ref in ready:
+            actor, group = tasks.pop(ref)
+            workers.in_flight[actor] = workers.in_flight.get(actor, 1) - 1
+            try:
+                results = ray.get(ref)
+            except RayActorError as exc:  # the worker died, or its node: the files go to another
+                workers.replace(actor)
+                losses[group] = losses.get(group, 0) + 1
+                if losses[group] >= MAX_LOSSES:
+                    reason = f"lost its worker {MAX_LOSSES} times: {_first_line(exc)}"
+                    for job in group:
+                        fail_job(job, reason, events, summary)
+                else:
+                    queue.appendleft(group)
+                continue
+            except RayTaskError as exc:  # a bug in the worker: these files fail, the rest go on
+                for job in group:
+                    fail_job(job, f"internal error on a worker: {_first_line(exc)}", events, summary)
+                continue
+            for index, result in results:
+                job = group[index]
+                finish_job(job, result, outputs[job], plan, events, summary)
+
+
+def _payload(ray, workers: Workers, actor, job: Job):
+    """The job's path where the worker reads the driver's files, else its bytes."""
+    if job.is_stdin:
+        return read_stdin()
+    if actor not in workers.shared:
+        size = Path(job.source).stat().st_size
+        workers.shared[actor] = ray.get(actor.can_read.remote(os.path.abspath(job.source), size))
+    if workers.shared[actor]:
+        return os.path.abspath(job.source)
+    return Path(job.source).read_bytes()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
