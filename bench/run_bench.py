@@ -469,6 +469,11 @@ def main() -> None:
     live_row, live_ratios, live_targets = measure_live(ferrum_command(), lf, audio["layouts"]["longform"], lf_ref,
                                                        wer, console)  # fmt: skip
 
+    console.print("[b]cluster[/b]: the longform and the 12 clips, --cluster local with one worker (cluster_bench.py)")
+    from cluster_bench import measure as measure_cluster
+
+    cluster_rows, cluster_ratios, cluster_targets = measure_cluster(ferrum_command(), [lf, *clips], console)
+
     by = {(r["scenario"], r["system"]): r for r in rows}
     ours = by[("longform", "ferrum")]
 
@@ -514,8 +519,8 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
-    ratios |= server_ratios | live_ratios
-    targets |= server_targets | live_targets
+    ratios |= server_ratios | live_ratios | cluster_ratios
+    targets |= server_targets | live_targets | cluster_targets
     if not on_cpu:
         targets = {}  # the targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
@@ -563,6 +568,7 @@ def main() -> None:
         "rows": rows,
         "server_rows": server_rows,
         "live_row": live_row,
+        "cluster_rows": cluster_rows,
         "ratios": ratios,
     }
     if no_faster:

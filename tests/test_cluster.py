@@ -139,3 +139,12 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
 def test_workers_without_a_cluster_is_a_usage_error():
     proc = run_ferrum("transcribe", "x.wav", "--workers", "2")
     assert proc.returncode == 2 and "--workers needs --cluster" in proc.stderr
+
+
+@needs_corpus
+def test_cluster_local_starts_a_throwaway_ray_and_gives_the_same_text(tmp_path):
+    clip = clips("en", 1)[0]
+    alone = run_ferrum("transcribe", clip, "-q", "--threads", "1")
+    local = run_ferrum("transcribe", clip, "-q", "--threads", "1", "--cluster", "local", "--workers", "1")
+    assert local.returncode == 0, local.stderr
+    assert local.stdout == alone.stdout and alone.stdout.strip()

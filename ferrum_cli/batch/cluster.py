@@ -87,9 +87,12 @@ def connect(address: str):
         except Exception as exc:  # Ray's own errors: ConnectionError, RuntimeError, ValueError
             outcome["error"] = exc
 
-    joining = threading.Thread(target=init, name="ray-init", daemon=True)
-    joining.start()
-    joining.join(CONNECT_SECONDS)
+    if address == "local":  # here: the processes it starts die with the thread that started them
+        init()
+    else:
+        joining = threading.Thread(target=init, name="ray-init", daemon=True)
+        joining.start()
+        joining.join(CONNECT_SECONDS)
     if "ok" in outcome:
         return ray
     if "error" not in outcome:
