@@ -72,8 +72,8 @@ def connect(address: str):
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'ferrum-cli[cluster]'") from None
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # ferrum reports; Ray's INFO lines are noise
-    if address == "local":
-        kwargs = {"include_dashboard": False, **quiet}
+    if address == "local":  # a new instance even where RAY_ADDRESS names a running one
+        kwargs = {"address": "local", "include_dashboard": False, **quiet}
     elif address.startswith("ray://"):
         kwargs = {"address": address, **quiet}
     else:
