@@ -148,3 +148,12 @@ def test_cluster_local_starts_a_throwaway_ray_and_gives_the_same_text(tmp_path):
     local = run_ferrum("transcribe", clip, "-q", "--threads", "1", "--cluster", "local", "--workers", "1")
     assert local.returncode == 0, local.stderr
     assert local.stdout == alone.stdout and alone.stdout.strip()
+
+
+@needs_corpus
+def test_more_workers_than_the_cluster_has_room_for_go_on_with_those_that_start(cluster, tmp_path):
+    inputs = clips("en", 4)
+    args = ["-o", str(tmp_path), "--threads", "1", "--workers", "4", "--cluster", cluster]  # room for 2
+    proc = run_ferrum("transcribe", *inputs, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.stem for p in tmp_path.glob("*.txt")) == sorted(Path(i).stem for i in inputs)

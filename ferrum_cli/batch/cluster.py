@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ IN_FLIGHT = 2  # tasks per worker at once, so that the next one is there when on
 MAX_LOSSES = 3  # times a group may lose its worker before its files fail
 WAIT_SECONDS = 1.0
 CONNECT_SECONDS = 60.0
+START_SECONDS = 300.0  # for the first worker to load its model
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def worker_count(ray, settings: ClusterSettings) -> int:
 
 
 class Workers:
-    """The live actors, each with its tasks in flight; a lost one is replaced."""
+    """The actors: `actors` have loaded their model and take tasks, `starting` have not yet
+    (the cluster may lack room for them until others finish, or an autoscaler adds nodes)."""
 
     def __init__(self, ray, settings: ClusterSettings, count: int) -> None:
         self.ray, self.settings = ray, settings
@@ -120,32 +123,48 @@ class Workers:
         self.actor_class = ray.remote(num_cpus=settings.threads or 1, num_gpus=gpus, max_restarts=0)(
             TranscriptionWorker
         )
-        self.actors = [self._start() for _ in range(count)]
+        self.actors: list = []
+        self.starting: dict[object, object] = {}  # ready() ref -> actor
         self.in_flight: dict[object, int] = {}  # actor -> tasks
         self.shared: dict[object, bool] = {}  # actor -> reads the driver's paths
+        self.cause = ""  # why the last worker that could not start did not
+        for _ in range(count):
+            self._start()
 
-    def wait_ready(self) -> None:
-        """Every worker loaded; those that could not start are dropped, and none is an error."""
+    def wait_first(self) -> None:
+        """Until one worker has loaded its model; none within START_SECONDS is an error."""
+        deadline = time.monotonic() + START_SECONDS
+        while not self.actors and self.starting and time.monotonic() < deadline:
+            self.take_started(WAIT_SECONDS)
+        if not self.actors:
+            why = self.cause or f"none started within {START_SECONDS:.0f} s (is there room for --threads CPUs?)"
+            raise ClusterError(f"no worker could start on the cluster: {why}")
+
+    def take_started(self, timeout: float = 0.0) -> None:
+        """Move the workers that have loaded their model to `actors`; drop those that failed."""
         from ray.exceptions import RayActorError
 
-        started, cause = [], ""
-        for actor, ready in [(a, a.ready.remote()) for a in self.actors]:
+        if not self.starting:
+            return
+        ready, _ = self.ray.wait(list(self.starting), num_returns=len(self.starting), timeout=timeout)
+        for ref in ready:
+            actor = self.starting.pop(ref)
             try:
-                self.ray.get(ready)
-                started.append(actor)
+                self.ray.get(ref)
+                self.actors.append(actor)
             except RayActorError as exc:
-                cause = _first_line(exc)
-        if not started:
-            raise ClusterError(f"no worker could start on the cluster: {cause}")
-        self.actors = started
+                self.cause = _first_line(exc)
 
-    def _start(self):
+    def _start(self) -> None:
         s = self.settings
-        return self.actor_class.remote(s.model, s.device, s.dtype, s.threads or 1)
+        actor = self.actor_class.remote(s.model, s.device, s.dtype, s.threads or 1)
+        self.starting[actor.ready.remote()] = actor
 
     def replace(self, actor) -> None:
+        """A lost worker: forgotten, and another started in its place."""
         if actor in self.actors:
-            self.actors[self.actors.index(actor)] = self._start()
+            self.actors.remove(actor)
+            self._start()
         self.in_flight.pop(actor, None)
         self.shared.pop(actor, None)
 
@@ -153,7 +172,7 @@ class Workers:
         return [a for a in self.actors if self.in_flight.get(a, 0) < IN_FLIGHT]
 
     def stop(self) -> None:
-        for actor in self.actors:
+        for actor in [*self.actors, *self.starting.values()]:
             try:
                 self.ray.kill(actor)
             except Exception:  # already gone
@@ -172,7 +191,7 @@ def run_cluster(plan: BatchPlan, events: BatchEvents, summary: BatchSummary, set
     workers = None
     try:
         workers = Workers(ray, settings, worker_count(ray, settings))
-        workers.wait_ready()
+        workers.wait_first()
         _drive(ray, workers, deque(_groups(list(outputs))), outputs, plan, events, summary)
     finally:
         if workers is not None:
@@ -191,6 +210,9 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
     tasks: dict[object, tuple[object, tuple[Job, ...]]] = {}  # ref -> (actor, group)
     losses: dict[tuple[Job, ...], int] = {}
     while queue or tasks:
+        workers.take_started()
+        if not workers.actors and not workers.starting:
+            raise ClusterError(f"every worker was lost and none could start again: {workers.cause}")
         for actor in workers.free():
             if not queue:
                 break
@@ -201,8 +223,15 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
                 for job in group:
                     fail_job(job, exc.message, events, summary)
                 continue
+            except RayActorError:  # lost as it was asked what it can read
+                workers.replace(actor)
+                queue.appendleft(group)
+                continue
             tasks[actor.transcribe.remote(items, plan.options)] = (actor, group)
             workers.in_flight[actor] = workers.in_flight.get(actor, 0) + 1
+        if not tasks:  # no worker has loaded its model yet, or none is left with room
+            workers.take_started(WAIT_SECONDS)
+            continue
         ready, _ = ray.wait(list(tasks), num_returns=1, timeout=WAIT_SECONDS)
         for ref in ready:
             actor, group = tasks.pop(ref)
