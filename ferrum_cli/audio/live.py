@@ -111,16 +111,14 @@ class LiveWindows:
                 buffer, probs, base, emitted_to = buffer[cut:], probs[cut // VAD_FRAME :], base + cut, emitted_to - cut
             probs = self._extend(buffer, probs, final=True)
             self._emit(buffer, probs, base, emitted_to, final=True)
+            tail = [_END]
         except _Closed:
             return
         except BaseException as exc:  # the stream broke off (ffmpeg's error): the taker raises it
-            failure = exc
-        else:
-            failure = None
+            tail = [exc, _END]
         try:
-            if failure is not None:
-                self._offer(failure)
-            self._offer(_END)
+            for item in tail:
+                self._offer(item)
         except _Closed:
             return
         if self.on_ready:

@@ -73,13 +73,10 @@ def connect(address: str):
         import ray
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'ferrum-cli[cluster]'") from None
-    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # ferrum reports; Ray's INFO lines are noise
-    if address == "local":  # a new instance even where RAY_ADDRESS names a running one
-        kwargs = {"address": "local", "include_dashboard": False, **quiet}
-    elif address.startswith("ray://"):
-        kwargs = {"address": address, **quiet}
-    else:
-        kwargs = {"address": address, "include_dashboard": False, **quiet}
+    # "local": a new instance even where RAY_ADDRESS names a running one; ferrum reports, Ray's INFO lines are noise
+    kwargs = {"address": address, "log_to_driver": False, "logging_level": logging.ERROR}
+    if not address.startswith("ray://"):  # Ray Client takes no dashboard option
+        kwargs["include_dashboard"] = False
     outcome: dict = {}
 
     def init() -> None:
@@ -153,7 +150,7 @@ class Workers:
                 self.ray.get(ref)
                 self.actors.append(actor)
             except RayActorError as exc:
-                self.cause = _first_line(exc)
+                self.cause = _cause_line(exc)
 
     def _start(self) -> None:
         s = self.settings
@@ -242,7 +239,7 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
                 workers.replace(actor)
                 losses[group] = losses.get(group, 0) + 1
                 if losses[group] >= MAX_LOSSES:
-                    reason = f"lost its worker {MAX_LOSSES} times: {_first_line(exc)}"
+                    reason = f"lost its worker {MAX_LOSSES} times: {_cause_line(exc)}"
                     for job in group:
                         fail_job(job, reason, events, summary)
                 else:
@@ -250,7 +247,7 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
                 continue
             except RayTaskError as exc:  # a bug in the worker: these files fail, the rest go on
                 for job in group:
-                    fail_job(job, f"internal error on a worker: {_first_line(exc)}", events, summary)
+                    fail_job(job, f"internal error on a worker: {_cause_line(exc)}", events, summary)
                 continue
             for index, result in results:
                 job = group[index]
@@ -269,6 +266,7 @@ def _payload(ray, workers: Workers, actor, job: Job):
     return Path(job.source).read_bytes()
 
 
-def _first_line(exc: BaseException) -> str:
+def _cause_line(exc: BaseException) -> str:
+    """The last line of a Ray error: the exception its traceback ends in."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__

@@ -284,13 +284,12 @@ def transcribe(
         call(language_code, language)  # a bad option is an error even with nothing left to do
         view.finish(BatchSummary(skipped=len(jobs)))
         return
+    settings = None
     if cluster is not None:
         from ..batch.cluster import ClusterSettings
 
         settings = ClusterSettings(cluster.strip(), workers, model, device, dtype.value, threads)
-        _run_on_cluster(plan, view, language, settings)
-        return
-    _run(plan, view, language, model, device, dtype.value, threads)
+    _run(plan, view, language, model, device, dtype.value, threads, settings)
 
 
 def language_code_is_auto(language: str) -> bool:
@@ -324,55 +323,46 @@ def _check_subtitle_options(layout: dict, word_timestamps: bool) -> None:
         fail(UsageError(f"{flag} needs --word-timestamps: subtitle lines are laid out from word times"))
 
 
-def _run(plan, view, language: str, model: str, device: str, dtype: str, threads: int | None) -> None:
-    """Load the model (ffmpeg starts on the first inputs meanwhile), run the batch, and end with
-    the summary and the exit code: 1 if an input failed, 130/143 when interrupted."""
+def _run(plan, view, language: str, model: str, device: str, dtype: str, threads: int | None, cluster=None) -> None:
+    """Load the model (ffmpeg starts on the first inputs meanwhile), or hand the batch to the
+    cluster's workers, run it, and end with the summary and the exit code: 1 if an input failed,
+    130/143 when interrupted."""
     from ..batch.runner import BatchSummary, run_batch, start_decoding
     from ..engine.language import language_code
 
     summary = BatchSummary()
-    try:
-        with start_decoding(plan) as started:
-            plan = replace(plan, options=replace(plan.options, language=call(language_code, language)))
-            executor = _load_executor(model, device, dtype, threads)
-            call(executor.check_options, plan.options)
-            view.show_progress(len(plan.jobs))
-            if view.progress:
-                view.progress.start()
-            call(run_batch, executor, plan, view.events(), summary, state["debug"], started)
-    except (KeyboardInterrupt, Interrupted) as exc:
-        _interrupted(view, summary, exc)
-    view.finish(summary)
-    if summary.failed:
-        raise typer.Exit(1)
 
+    def with_language(plan):
+        return replace(plan, options=replace(plan.options, language=call(language_code, language)))
 
-def _run_on_cluster(plan, view, language: str, settings) -> None:
-    """The batch on Ray: the same plan, summary and exit codes as _run."""
-    from ..batch.cluster import run_cluster
-    from ..batch.runner import BatchSummary
-    from ..engine.language import language_code
-
-    summary = BatchSummary()
-    try:
-        plan = replace(plan, options=replace(plan.options, language=call(language_code, language)))
+    def start_progress() -> None:
         view.show_progress(len(plan.jobs))
         if view.progress:
             view.progress.start()
-        call(run_cluster, plan, view.events(), summary, settings)
+
+    try:
+        if cluster is not None:
+            from ..batch.cluster import run_cluster
+
+            plan = with_language(plan)
+            start_progress()
+            call(run_cluster, plan, view.events(), summary, cluster)
+        else:
+            with start_decoding(plan) as started:
+                plan = with_language(plan)
+                executor = _load_executor(model, device, dtype, threads)
+                call(executor.check_options, plan.options)
+                start_progress()
+                call(run_batch, executor, plan, view.events(), summary, state["debug"], started)
     except (KeyboardInterrupt, Interrupted) as exc:
-        _interrupted(view, summary, exc)
+        summary.interrupted = True
+        view.stop_progress()
+        err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
+        view.finish(summary)
+        raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
     view.finish(summary)
     if summary.failed:
         raise typer.Exit(1)
-
-
-def _interrupted(view, summary, exc) -> None:
-    summary.interrupted = True
-    view.stop_progress()
-    err.print("[yellow]interrupted[/]: finished files keep their outputs; rerun with --skip-existing to resume")
-    view.finish(summary)
-    raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
 
 
 def _load_executor(model: str, device: str, dtype: str, threads: int | None):
