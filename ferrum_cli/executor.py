@@ -55,7 +55,9 @@ class WhisperModelExecutor:
     @classmethod
     def from_path(cls, model_path: str = "base", device: str = "auto", dtype: str = "auto") -> WhisperModelExecutor:
         """Load from a model name, an openai .pt, a Hugging Face or CTranslate2 directory."""
-        return _load(model_path, device, dtype)[0]
+        from .platform.cpu import on_own_thread
+
+        return on_own_thread(lambda: _load(model_path, device, dtype)[0])
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -167,7 +169,6 @@ class WhisperModelExecutor:
         back as its error and the rest go on. A live AudioStream is decoded stretch by stretch as
         it arrives; on_partial gets its transcription so far after each new segment.
         """
-        from .audio.ffmpeg import decode_bytes, stream_file
         from .engine.batched import BatchedEngine, SourceRequest
 
         model = self._require_model()
@@ -188,17 +189,8 @@ class WhisperModelExecutor:
                     yield key, exc
             return
 
-        def opener(source):
-            if isinstance(source, AudioStream):
-                return lambda: source
-            if callable(source):
-                return lambda: decode_bytes(source())
-            if isinstance(source, (bytes, bytearray, memoryview)):
-                return lambda: decode_bytes(bytes(source))
-            return lambda: stream_file(source)
-
         def request(key, source) -> SourceRequest:
-            return SourceRequest(key, opener(source), live=isinstance(source, AudioStream) and source.live)
+            return SourceRequest(key, audio_opener(source), live=isinstance(source, AudioStream) and source.live)
 
         with self._lock:
             self._state = "busy"
@@ -340,6 +332,19 @@ class WhisperModelExecutor:
         model.encoder.register_forward_hook(post("enc", True))
         model.decoder.register_forward_pre_hook(pre("dec"))
         model.decoder.register_forward_hook(post("dec", False))
+
+
+def audio_opener(source: str | os.PathLike[str] | bytes | Callable[[], bytes] | AudioStream) -> Callable:
+    """What the engine calls to start an input: its audio chunks, decoded by ffmpeg as they are read."""
+    from .audio.ffmpeg import decode_bytes, stream_file
+
+    if isinstance(source, AudioStream):
+        return lambda: source
+    if callable(source):
+        return lambda: decode_bytes(source())
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return lambda: decode_bytes(bytes(source))
+    return lambda: stream_file(source)
 
 
 def _describe(weights_info: dict, params: int | None, device: str | None, dtype: str | None) -> dict:

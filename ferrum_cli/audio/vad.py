@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..options import VadOptions
+from ..platform.cpu import single_threaded
 from .constants import SAMPLE_RATE, VAD_FRAME
 from .level import raised_for_vad
 
@@ -87,7 +88,7 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> l
     out = torch.empty(index.shape[0], steps)
     # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
     # few seconds is over before that pays off, and a long one runs no faster with it
-    with _MODEL_LOCK, torch.no_grad(), torch.jit.optimized_execution(False):
+    with _MODEL_LOCK, single_threaded(), torch.no_grad(), torch.jit.optimized_execution(False):
         model = _model()
         model.reset_states()  # the model carries its state from step to step: one caller at a time
         for s in range(steps):

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 def cpu_name() -> str:
     try:
@@ -39,3 +46,50 @@ def int8_available() -> bool:
 def full_range_activations() -> bool:
     """8-bit activations need VNNI: without it fbgemm's 16-bit pair sums can saturate, so 7 bits."""
     return "avx512_vnni" in cpu_flags()
+
+
+class Background:
+    """work() on a daemon thread from now; result() waits for it and returns its value, or raises
+    its exception on the caller's thread."""
+
+    def __init__(self, work: Callable[[], T], name: str) -> None:
+        self._outcome: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], T]) -> None:
+        try:
+            self._outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller as it is
+            self._outcome["error"] = exc
+
+    def result(self) -> T:
+        self._thread.join()
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
+
+
+def on_own_thread(work: Callable[[], T]) -> T:
+    """work() on a thread that ends with it.
+
+    torch's OpenMP keeps a pool of threads for each thread that has run parallel work, for the
+    thread's life. While two such threads live on the same cores, every op pays for waking pool
+    threads that went to sleep (docs/performance.md). Loading a model this way leaves the caller
+    without a pool, so that an engine thread started later is the only one.
+    """
+    return Background(work, "ferrum-load").result()
+
+
+@contextmanager
+def single_threaded():
+    """torch on one thread within: for small ops that run no slower so (Silero's steps), on a
+    thread that must not keep an OpenMP pool beside the engine's (see on_own_thread)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
