@@ -14,10 +14,12 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ClusterError, FerrumError, UsageError
+from ..platform.cpu import Background
 from .inputs import Job
 from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run, read_stdin
 
@@ -40,7 +42,12 @@ class ClusterSettings:
 
 
 class TranscriptionWorker:
-    """One model on a Ray worker; Ray builds it with ray.remote in start_workers."""
+    """One model on a Ray worker; Workers builds it with ray.remote.
+
+    A threaded actor: the tasks in flight on it feed one long-lived engine (EngineService), so
+    its batches take windows from every file it has been given, and the next group's files are
+    read while the last windows of the group before are decoded.
+    """
 
     def __init__(self, model: str, device: str, dtype: str, threads: int) -> None:
         import torch
@@ -49,6 +56,8 @@ class TranscriptionWorker:
         from ..executor import WhisperModelExecutor
 
         self.executor = WhisperModelExecutor.from_path(model, device, dtype)
+        self.service = None  # started by the first batched task
+        self.lock = threading.Lock()
 
     def ready(self) -> bool:
         """Answers once the model is loaded (Ray runs __init__ first)."""
@@ -63,7 +72,31 @@ class TranscriptionWorker:
 
     def transcribe(self, items: list[tuple[int, str | bytes]], options) -> list[tuple[int, object]]:
         """(index, Transcription or FerrumError) of each (index, path or bytes)."""
-        return list(self.executor.transcribe_many(items, options))
+        if options.runs_sequentially:  # one file at a time, in the sequential engine
+            with self.lock:
+                return list(self.executor.transcribe_many(items, options))
+        from ..engine.service import Ticket
+        from ..executor import audio_opener
+
+        with self.lock:
+            if self.service is None:
+                self.service = self.executor.serve()
+        results: dict[int, object] = {}
+        all_done = threading.Event()
+
+        def finisher(index: int):
+            def on_done(result) -> None:
+                results[index] = result
+                if len(results) == len(items):
+                    all_done.set()
+
+            return on_done
+
+        for index, source in items:
+            ticket = Ticket(audio_opener(source), options, lambda segment, language: None, finisher(index))
+            self.service.submit(ticket)
+        all_done.wait()
+        return sorted(results.items())
 
 
 def connect(address: str):
@@ -117,9 +150,9 @@ class Workers:
     def __init__(self, ray, settings: ClusterSettings, count: int) -> None:
         self.ray, self.settings = ray, settings
         gpus = 1 if settings.device.startswith("cuda") else 0
-        self.actor_class = ray.remote(num_cpus=settings.threads or 1, num_gpus=gpus, max_restarts=0)(
-            TranscriptionWorker
-        )
+        self.actor_class = ray.remote(
+            num_cpus=settings.threads or 1, num_gpus=gpus, max_restarts=0, max_concurrency=IN_FLIGHT + 1
+        )(TranscriptionWorker)  # + 1: can_read is answered while IN_FLIGHT tasks run
         self.actors: list = []
         self.starting: dict[object, object] = {}  # ready() ref -> actor
         self.in_flight: dict[object, int] = {}  # actor -> tasks
@@ -176,17 +209,26 @@ class Workers:
                 pass
 
 
-def run_cluster(plan: BatchPlan, events: BatchEvents, summary: BatchSummary, settings: ClusterSettings) -> BatchSummary:
+def run_cluster(
+    plan: BatchPlan, events: BatchEvents, summary: BatchSummary, settings: ClusterSettings,
+    prepare: Callable[[BatchPlan], BatchPlan] = lambda plan: plan,
+) -> BatchSummary:  # fmt: skip
     """Transcribe every job that needs it on the cluster's workers; outputs are written here as
-    each group of files comes back, so an interruption keeps every finished one."""
+    each group of files comes back, so an interruption keeps every finished one.
+
+    prepare(plan) (the CLI's language check, which imports torch) runs on a thread while Ray
+    starts; its error ends the run before any worker starts.
+    """
     if plan.live:
         raise UsageError("--cluster transcribes files; --live and --mic run on this machine")
     outputs = dict(jobs_to_run(plan, events, summary))
     if not outputs:
         return summary
+    preparing = Background(lambda: prepare(plan), "ferrum-prepare")
     ray = connect(settings.address)
     workers = None
     try:
+        plan = preparing.result()
         workers = Workers(ray, settings, worker_count(ray, settings))
         workers.wait_first()
         _drive(ray, workers, deque(_groups(list(outputs))), outputs, plan, events, summary)

@@ -344,9 +344,8 @@ def _run(plan, view, language: str, model: str, device: str, dtype: str, threads
         if cluster is not None:
             from ..batch.cluster import run_cluster
 
-            plan = with_language(plan)
             start_progress()
-            call(run_cluster, plan, view.events(), summary, cluster)
+            call(run_cluster, plan, view.events(), summary, cluster, with_language)
         else:
             with start_decoding(plan) as started:
                 plan = with_language(plan)
