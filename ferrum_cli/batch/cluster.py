@@ -1,10 +1,10 @@
 """A batch on a Ray cluster (`--cluster`): the jobs, options and outputs of run_batch, with the
 transcription done by worker actors and the outputs written here by the same writers.
 
-Ray actors rather than Ray Data: each worker keeps one model and one engine for its life and is
-handed a few files at a time, which it batches together as the CLI does. The driver keeps the
-queue, so it decides the retries: a group of files whose worker is lost goes to a new worker, a
-file's own error is final. Ray does the placement, the transport and the failure detection.
+Ray actors rather than Ray Data: each worker keeps one model and one engine for its life and has
+a few files in flight at a time, which it batches together as the CLI does. The driver keeps the
+queue, so it decides the retries: a file whose worker is lost goes to a new worker, a file's own
+error is final. Ray does the placement, the transport and the failure detection.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from ..platform.cpu import Background
 from .inputs import Job
 from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run, read_stdin
 
-GROUP_FILES = 4  # files per task: the worker batches their windows together
-IN_FLIGHT = 2  # tasks per worker at once, so that the next one is there when one ends
-MAX_LOSSES = 3  # times a group may lose its worker before its files fail
+IN_FLIGHT = 8  # files per worker at once: its engine batches their windows together
+MAX_LOSSES = 3  # times a file may lose its worker before it fails
 WAIT_SECONDS = 1.0
 CONNECT_SECONDS = 60.0
 START_SECONDS = 300.0  # for the first worker to load its model
@@ -44,9 +43,9 @@ class ClusterSettings:
 class TranscriptionWorker:
     """One model on a Ray worker; Workers builds it with ray.remote.
 
-    A threaded actor: the tasks in flight on it feed one long-lived engine (EngineService), so
-    its batches take windows from every file it has been given, and the next group's files are
-    read while the last windows of the group before are decoded.
+    A threaded actor: the files in flight on it (a task each) feed one long-lived engine
+    (EngineService), so its batches take windows from all of them, and the next file is read as
+    soon as one is done, while the others are decoded.
     """
 
     def __init__(self, model: str, device: str, dtype: str, threads: int) -> None:
@@ -70,33 +69,28 @@ class TranscriptionWorker:
         except OSError:
             return False
 
-    def transcribe(self, items: list[tuple[int, str | bytes]], options) -> list[tuple[int, object]]:
-        """(index, Transcription or FerrumError) of each (index, path or bytes)."""
+    def transcribe(self, source: str | bytes, options):
+        """The Transcription of a path or of a file's bytes, or its FerrumError."""
         if options.runs_sequentially:  # one file at a time, in the sequential engine
             with self.lock:
-                return list(self.executor.transcribe_many(items, options))
+                ((_, result),) = self.executor.transcribe_many([(0, source)], options)
+            return result
         from ..engine.service import Ticket
         from ..executor import audio_opener
 
         with self.lock:
             if self.service is None:
                 self.service = self.executor.serve()
-        results: dict[int, object] = {}
-        all_done = threading.Event()
+        outcome: list = []
+        done = threading.Event()
 
-        def finisher(index: int):
-            def on_done(result) -> None:
-                results[index] = result
-                if len(results) == len(items):
-                    all_done.set()
+        def on_done(result) -> None:
+            outcome.append(result)
+            done.set()
 
-            return on_done
-
-        for index, source in items:
-            ticket = Ticket(audio_opener(source), options, lambda segment, language: None, finisher(index))
-            self.service.submit(ticket)
-        all_done.wait()
-        return sorted(results.items())
+        self.service.submit(Ticket(audio_opener(source), options, lambda segment, language: None, on_done))
+        done.wait()
+        return outcome[0]
 
 
 def connect(address: str):
@@ -214,7 +208,7 @@ def run_cluster(
     prepare: Callable[[BatchPlan], BatchPlan] = lambda plan: plan,
 ) -> BatchSummary:  # fmt: skip
     """Transcribe every job that needs it on the cluster's workers; outputs are written here as
-    each group of files comes back, so an interruption keeps every finished one.
+    each file comes back, so an interruption keeps every finished one.
 
     prepare(plan) (the CLI's language check, which imports torch) runs on a thread while Ray
     starts; its error ends the run before any worker starts.
@@ -231,7 +225,7 @@ def run_cluster(
         plan = preparing.result()
         workers = Workers(ray, settings, worker_count(ray, settings))
         workers.wait_first()
-        _drive(ray, workers, deque(_groups(list(outputs))), outputs, plan, events, summary)
+        _drive(ray, workers, deque(outputs), outputs, plan, events, summary)
     finally:
         if workers is not None:
             workers.stop()
@@ -239,61 +233,50 @@ def run_cluster(
     return summary
 
 
-def _groups(jobs: list[Job]) -> list[tuple[Job, ...]]:
-    return [tuple(jobs[i : i + GROUP_FILES]) for i in range(0, len(jobs), GROUP_FILES)]
-
-
 def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, events, summary) -> None:
     from ray.exceptions import RayActorError, RayTaskError
 
-    tasks: dict[object, tuple[object, tuple[Job, ...]]] = {}  # ref -> (actor, group)
-    losses: dict[tuple[Job, ...], int] = {}
+    tasks: dict[object, tuple[object, Job]] = {}  # ref -> (actor, job)
+    losses: dict[Job, int] = {}
     while queue or tasks:
         workers.take_started()
         if not workers.actors and not workers.starting:
             raise ClusterError(f"every worker was lost and none could start again: {workers.cause}")
         for actor in workers.free():
-            if not queue:
-                break
-            group = queue.popleft()
-            try:
-                items = [(i, _payload(ray, workers, actor, job)) for i, job in enumerate(group)]
-            except FerrumError as exc:  # stdin could not be read
-                for job in group:
+            while queue and workers.in_flight.get(actor, 0) < IN_FLIGHT:
+                job = queue.popleft()
+                try:
+                    payload = _payload(ray, workers, actor, job)
+                except FerrumError as exc:  # stdin could not be read
                     fail_job(job, exc.message, events, summary)
-                continue
-            except RayActorError:  # lost as it was asked what it can read
-                workers.replace(actor)
-                queue.appendleft(group)
-                continue
-            tasks[actor.transcribe.remote(items, plan.options)] = (actor, group)
-            workers.in_flight[actor] = workers.in_flight.get(actor, 0) + 1
+                    continue
+                except RayActorError:  # lost as it was asked what it can read
+                    workers.replace(actor)
+                    queue.appendleft(job)
+                    break
+                tasks[actor.transcribe.remote(payload, plan.options)] = (actor, job)
+                workers.in_flight[actor] = workers.in_flight.get(actor, 0) + 1
         if not tasks:  # no worker has loaded its model yet, or none is left with room
             workers.take_started(WAIT_SECONDS)
             continue
         ready, _ = ray.wait(list(tasks), num_returns=1, timeout=WAIT_SECONDS)
         for ref in ready:
-            actor, group = tasks.pop(ref)
+            actor, job = tasks.pop(ref)
             workers.in_flight[actor] = workers.in_flight.get(actor, 1) - 1
             try:
-                results = ray.get(ref)
-            except RayActorError as exc:  # the worker died, or its node: the files go to another
+                result = ray.get(ref)
+            except RayActorError as exc:  # the worker died, or its node: the file goes to another
                 workers.replace(actor)
-                losses[group] = losses.get(group, 0) + 1
-                if losses[group] >= MAX_LOSSES:
-                    reason = f"lost its worker {MAX_LOSSES} times: {_cause_line(exc)}"
-                    for job in group:
-                        fail_job(job, reason, events, summary)
+                losses[job] = losses.get(job, 0) + 1
+                if losses[job] >= MAX_LOSSES:
+                    fail_job(job, f"lost its worker {MAX_LOSSES} times: {_cause_line(exc)}", events, summary)
                 else:
-                    queue.appendleft(group)
+                    queue.appendleft(job)
                 continue
-            except RayTaskError as exc:  # a bug in the worker: these files fail, the rest go on
-                for job in group:
-                    fail_job(job, f"internal error on a worker: {_cause_line(exc)}", events, summary)
+            except RayTaskError as exc:  # a bug in the worker: this file fails, the rest go on
+                fail_job(job, f"internal error on a worker: {_cause_line(exc)}", events, summary)
                 continue
-            for index, result in results:
-                job = group[index]
-                finish_job(job, result, outputs[job], plan, events, summary)
+            finish_job(job, result, outputs[job], plan, events, summary)
 
 
 def _payload(ray, workers: Workers, actor, job: Job):
