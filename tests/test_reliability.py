@@ -14,7 +14,7 @@ import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
-from .conftest import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
+from .conftest import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 
@@ -145,6 +145,21 @@ def test_awkward_file_names_work_as_input_and_output(tmp_path, name):
     if "." in name:  # a folder walk takes media files by extension
         proc = run_ferrum("transcribe", "-o", str(tmp_path / "walk"), str(src))
         assert proc.returncode == 0 and len(list((tmp_path / "walk").iterdir())) == 1
+
+
+def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path):
+    """Error and warning lines name each file as it is: brackets are not styles, :fire: is no emoji."""
+    broken = [tmp_path / "[bold]talk.wav", tmp_path / "x:fire:y.wav"]
+    for path in broken:
+        path.write_bytes(b"not audio")
+    silent = tmp_path / "[dim]quiet:zzz:.wav"
+    silent.write_bytes(wav_bytes(np.zeros(16000, np.float32)))
+    proc = run_ferrum("transcribe", "-q", *map(str, [*broken, silent]))
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    for path in broken:
+        assert sum(line.startswith(f"error: {path}: ") for line in lines) == 1, proc.stderr
+    assert sum(line.startswith(f"warning: {silent}: no speech found") for line in lines) == 1, proc.stderr
 
 
 def test_unwritable_output_folder_fails_before_model_work(tmp_path):

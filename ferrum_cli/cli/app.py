@@ -8,6 +8,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from .. import __version__
 from . import describe
@@ -33,7 +34,7 @@ app.command(epilog="[b]Examples[/b]\n\n  ferrum warmup\n  ferrum warmup --model 
 
 class _WarningHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
-        err.print(f"[yellow]warning:[/] {record.getMessage()}")
+        err.print(f"[yellow]warning:[/] {escape(record.getMessage())}")
 
 
 def _version(value: bool) -> None:
@@ -91,7 +92,7 @@ def _click_error(exc: Exception) -> int:
         typer.echo(ctx.get_help())
         return exc.exit_code
     hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-    err.print(f"[red]error:[/] {exc.format_message()}{hint}", markup=True, highlight=False)
+    err.print(f"[red]error:[/] {escape(exc.format_message())}{escape(hint)}", markup=True, highlight=False)
     return exc.exit_code
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import FerrumError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# no emoji codes: a file named x:fire:y.wav is named as it is; user text goes in through escape()
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 state = {"debug": False}  # --debug: tracebacks instead of one line
 
 
@@ -23,7 +25,7 @@ def on_signal(signum, frame) -> None:
 
 
 def fail(exc: FerrumError) -> None:
-    err.print(f"[red]error:[/] {exc.message}", markup=True, highlight=False)
+    err.print(f"[red]error:[/] {escape(exc.message)}", markup=True, highlight=False)
     raise typer.Exit(exc.exit_code)
 
 

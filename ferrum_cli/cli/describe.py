@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from .console import call, err
 from .render import print_mapping
@@ -31,7 +32,7 @@ def status(as_json: Annotated[bool, JSON] = False) -> None:
     print_mapping("ferrum status", report, as_json)
     if report["problems"]:
         for problem in report["problems"]:
-            err.print(f"[red]error:[/] {problem}")
+            err.print(f"[red]error:[/] {escape(problem)}")
         raise typer.Exit(1)
 
 

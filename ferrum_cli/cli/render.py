@@ -7,6 +7,7 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .console import err
@@ -98,9 +99,9 @@ class TranscribeView:
                     sys.stdout.write(render(result, fmt, self.layout))
             sys.stdout.flush()
         if no_speech := result.no_speech_warning():
-            err.print(f"[yellow]warning:[/] {job.display}: {no_speech}")
+            err.print(f"[yellow]warning:[/] {escape(job.display)}: {escape(no_speech)}")
         if result.speech and not self.quiet and self.report_language:
-            err.print(f"[dim]{job.display}: language {result.language} ({result.language_probability:.2f})[/]")
+            err.print(f"[dim]{escape(job.display)}: language {result.language} ({result.language_probability:.2f})[/]")
         if self.progress:
             self.progress.advance_file(result.duration)
 
@@ -112,16 +113,16 @@ class TranscribeView:
         if self.streamed:
             sys.stdout.flush()
         if self.verbose and not self.quiet:
-            err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {segment.text.strip()}")
+            err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {escape(segment.text.strip())}")
 
     def on_failure(self, job, reason: str) -> None:
-        err.print(f"[red]error:[/] {job.display}: {reason}")
+        err.print(f"[red]error:[/] {escape(job.display)}: {escape(reason)}")
         if self.progress:
             self.progress.advance_file(0.0)
 
     def on_warning(self, job, message: str) -> None:
         if not self.quiet:
-            err.print(f"[yellow]warning:[/] {job.display}: {message}")
+            err.print(f"[yellow]warning:[/] {escape(job.display)}: {escape(message)}")
 
     def stop_progress(self) -> None:
         if self.progress:
@@ -160,5 +161,5 @@ def print_mapping(title: str, data: dict, as_json: bool) -> None:
         if isinstance(value, (dict, list)):
             value = json.dumps(value, default=str)
             value = value if len(value) < 200 else value[:197] + "…"
-        table.add_row(str(key), str(value))
-    Console().print(table)
+        table.add_row(escape(str(key)), escape(str(value)))
+    Console(emoji=False).print(table)
