@@ -5,9 +5,12 @@ its end. The driver is the real `ferrum` in a subprocess."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -139,6 +142,77 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
 def test_workers_without_a_cluster_is_a_usage_error():
     proc = run_ferrum("transcribe", "x.wav", "--workers", "2")
     assert proc.returncode == 2 and "--workers needs --cluster" in proc.stderr
+
+
+@needs_corpus
+def test_a_cluster_address_that_cannot_answer_is_one_line_at_once(tmp_path):
+    """A closed port and a malformed address are told before Ray is asked (Ray would retry for a
+    minute and print each retry); nothing is written."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
+        for address, why in (
+            (closed, f"nothing listens on {closed}"),
+            ("127.0.0.1:x", "not an address of the form host:port"),
+        ):
+            proc = run_ferrum("transcribe", clips("en", 1)[0], "-o", str(tmp_path), "--cluster", address)
+            assert proc.returncode == 1
+            assert proc.stderr.splitlines() == [f"error: cannot join the Ray cluster at {address}: {why}"]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def token_cluster():
+    """(address, token) of a one-node cluster on 127.0.0.1 with Ray's token authentication, as
+    `ray start` makes one by default, in a `ray start --block` that takes its processes with it
+    when it ends. Its token is its own (RAY_AUTH_TOKEN), not the one in ~/.ray."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(32)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    head = subprocess.Popen(
+        [str(Path(FERRUM).parent / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+         "--node-ip-address", "127.0.0.1", "--include-dashboard", "false", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert head.poll() is None, "ray start ended"
+                time.sleep(0.5)
+        yield f"127.0.0.1:{port}", token
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+@needs_corpus
+def test_a_cluster_that_asks_for_a_token_not_given_says_so_in_one_line(token_cluster, tmp_path):
+    """A driver with RAY_AUTH_MODE unset does not send Ray's token to a cluster named by address
+    (Ray sends it unasked only to one it finds itself): the user reads why and what to set in one
+    line, not Ray's retries; with RAY_AUTH_MODE=token and the token the same run joins."""
+    address, token = token_cluster
+    clip = clips("en", 1)[0]
+    args = ["transcribe", clip, "-o", str(tmp_path), "--threads", "1", "--cluster", address]
+    loopback = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    loopback["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # see cluster(): the driver stays on 127.0.0.1
+    proc = subprocess.run([FERRUM, *args], env=loopback, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "asks for Ray's token" in proc.stderr and "RAY_AUTH_MODE=token" in proc.stderr
+    assert not list(tmp_path.iterdir())
+    joined = run_ferrum(*args, "-q", env={**loopback, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    assert joined.returncode == 0, joined.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [Path(clip).stem + ".txt"]
 
 
 @needs_corpus

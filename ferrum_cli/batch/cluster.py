@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import ClusterError, FerrumError, UsageError
 from ..platform.cpu import Background
@@ -27,6 +32,7 @@ IN_FLIGHT = 8  # files per worker at once: its engine batches their windows toge
 MAX_LOSSES = 3  # times a file may lose its worker before it fails
 WAIT_SECONDS = 1.0
 CONNECT_SECONDS = 60.0
+REACH_SECONDS = 5.0  # for the cluster's port to take a TCP connection
 START_SECONDS = 300.0  # for the first worker to load its model
 
 
@@ -95,11 +101,14 @@ class TranscriptionWorker:
 
 def connect(address: str):
     """The ray module, connected to the cluster at address; an unreachable one is an error within
-    CONNECT_SECONDS (Ray itself goes on retrying for minutes)."""
+    CONNECT_SECONDS (Ray itself goes on retrying for minutes), and one whose port refuses at once."""
     try:
         import ray
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'ferrum-cli[cluster]'") from None
+    why = _unreachable(address)
+    if why:
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {why}")
     # "local": a new instance even where RAY_ADDRESS names a running one; ferrum reports, Ray's INFO lines are noise
     kwargs = {"address": address, "log_to_driver": False, "logging_level": logging.ERROR}
     if not address.startswith("ray://"):  # Ray Client takes no dashboard option
@@ -115,17 +124,68 @@ def connect(address: str):
 
     if address == "local":  # here: the processes it starts die with the thread that started them
         init()
-    else:
-        joining = threading.Thread(target=init, name="ray-init", daemon=True)
-        joining.start()
-        joining.join(CONNECT_SECONDS)
+        said = ""
+    else:  # Ray's core prints each retry of a failing join on stderr: ferrum reads it and reports once
+        with tempfile.TemporaryFile("w+b") as printed:
+            with _stderr_into(printed):
+                joining = threading.Thread(target=init, name="ray-init", daemon=True)
+                joining.start()
+                joining.join(CONNECT_SECONDS)
+            printed.seek(0)
+            said = printed.read().decode("utf-8", "replace")
     if "ok" in outcome:
         return ray
+    if "Unauthenticated" in said or "InvalidAuthToken" in said:
+        token = "RAY_AUTH_MODE=token" if _auth_mode() != "token" else "the cluster's token"
+        raise ClusterError(f"cannot join the Ray cluster at {address}: it asks for Ray's token; "
+                           f"give {token} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
     if "error" not in outcome:
-        raise ClusterError(f"cannot join the Ray cluster at {address}: no answer in {CONNECT_SECONDS:.0f} s")
-    exc = outcome["error"]
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = f"no answer in {CONNECT_SECONDS:.0f} s"
+    else:
+        exc = outcome["error"]
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     raise ClusterError(f"cannot join the Ray cluster at {address}: {message}")
+
+
+@contextmanager
+def _stderr_into(file):
+    """File descriptor 2 into file within: what Ray's C++ core prints goes there, not to the user."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _auth_mode() -> str:
+    return os.environ.get("RAY_AUTH_MODE", "").lower()
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing answers at the address's host and port, or None (also for "auto" and "local",
+    which Ray finds itself): a closed port is told at once, where Ray would retry for a minute."""
+    if address in ("auto", "local"):
+        return None
+    parts = urlsplit(address if "://" in address else "//" + address)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "not an address of the form host:port"
+    if not host or port is None:
+        return None  # Ray's own forms (a bare host, say): Ray tells
+    try:
+        socket.create_connection((host, port), timeout=REACH_SECONDS).close()
+    except socket.gaierror:
+        return f"unknown host {host}"
+    except ConnectionRefusedError:
+        return f"nothing listens on {host}:{port}"
+    except OSError as exc:  # a timeout, no route
+        return f"{host}:{port} does not answer ({exc.strerror or type(exc).__name__})"
+    return None
 
 
 def worker_count(ray, settings: ClusterSettings) -> int:
