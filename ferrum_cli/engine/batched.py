@@ -20,6 +20,7 @@ from ..audio.windows import plan_whole, plan_windows
 from ..errors import FerrumError
 from ..options import TranscribeOptions, VadOptions
 from ..results import Segment, Transcription
+from .decoding import pack_decoder_ahead
 from .encoder import encode_windows, plan_compute
 from .fallback import decode_with_fallback, is_silence, needs_fallback
 from .language import detect_language
@@ -145,6 +146,7 @@ class BatchedEngine:
             options = replace(options, language="en", multilingual=False)
         self.model, self.options = model, options
         self.compute = plan_compute(model, options)
+        pack_decoder_ahead(model)  # while the first input is read and encoded
         self.per_window = options.multilingual and options.language is None  # a language per window
         self.decoding = replace(options, language=None if self.per_window else options.language)
         self.tokenizer = get_tokenizer(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..platform.cpu import Background
+
 T = TypeVar("T")
 
 
@@ -14,4 +16,15 @@ def derived(model, name: str, make: Callable[[], T]) -> T:
     kept = model.__dict__.setdefault("_ferrum_derived", {})
     if name not in kept:
         kept[name] = make()
+    elif isinstance(kept[name], Background):  # started by derive_ahead: its result, once there
+        kept[name] = kept[name].result()
     return kept[name]
+
+
+def derive_ahead(model, name: str, make: Callable[[], T]) -> None:
+    """Start computing what derived(model, name) returns on a thread of its own, so that its
+    first caller finds it done: the decoder's packed weights while the first input is read and
+    encoded, where a cold start waited for them after."""
+    kept = model.__dict__.setdefault("_ferrum_derived", {})
+    if name not in kept:
+        kept[name] = Background(make, f"ferrum-{name}")
