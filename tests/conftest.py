@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,13 @@ def run_ferrum(
     proc.stdout = proc.stdout.decode("utf-8", "replace")
     proc.stderr = proc.stderr.decode("utf-8", "replace")
     return proc
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on (closed again before it is returned)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wav_bytes(samples, sample_rate: int = 16000) -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FERRUM, corpus_rows, needs_corpus, run_ferrum
+from .conftest import FERRUM, corpus_rows, free_port, needs_corpus, run_ferrum
 
 ray = pytest.importorskip("ray", reason="Ray is the cluster extra (make install)")
 WORKER = "ray::TranscriptionWorker"
@@ -166,9 +166,7 @@ def token_cluster():
     """(address, token) of a one-node cluster on 127.0.0.1 with Ray's token authentication, as
     `ray start` makes one by default, in a `ray start --block` that takes its processes with it
     when it ends. Its token is its own (RAY_AUTH_TOKEN), not the one in ~/.ray."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     token = secrets.token_hex(32)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     head = subprocess.Popen(

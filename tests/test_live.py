@@ -23,6 +23,7 @@ from .conftest import (
     clip_text,
     corpus,
     errors_against,
+    free_port,
     joined_clips,
     needs_corpus,
     run_ferrum,
@@ -145,11 +146,7 @@ def test_a_url_transcribes_like_the_file(http_corpus, tmp_path):
 
 
 def test_an_unreachable_or_wrong_url_is_one_error_line(http_corpus):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]  # closed again before ferrum tries it
+    dead = free_port()
     for url in (f"http://127.0.0.1:{dead}/talk.mp3", f"{http_corpus}/manifest.tsv", f"{http_corpus}/missing.mp3"):
         proc = run_ferrum("transcribe", url, "-q", timeout=60)
         assert proc.returncode == 1, (url, proc.stderr)

@@ -23,6 +23,7 @@ from .conftest import (
     corpus,
     corpus_rows,
     errors_against,
+    free_port,
     joined_clips,
     needs_corpus,
     run_ferrum,
@@ -32,12 +33,6 @@ from .conftest import (
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency (make install)")
 KEY = "test-key-123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RunningServer:

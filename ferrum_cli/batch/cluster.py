@@ -136,7 +136,8 @@ def connect(address: str):
     if "ok" in outcome:
         return ray
     if "Unauthenticated" in said or "InvalidAuthToken" in said:
-        token = "RAY_AUTH_MODE=token" if _auth_mode() != "token" else "the cluster's token"
+        told = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+        token = "the cluster's token" if told else "RAY_AUTH_MODE=token"
         raise ClusterError(f"cannot join the Ray cluster at {address}: it asks for Ray's token; "
                            f"give {token} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
     if "error" not in outcome:
@@ -159,10 +160,6 @@ def _stderr_into(file):
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def _auth_mode() -> str:
-    return os.environ.get("RAY_AUTH_MODE", "").lower()
 
 
 def _unreachable(address: str) -> str | None:
