@@ -18,6 +18,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 
@@ -90,19 +91,14 @@ def running_cluster(cpus: int):
     ferrum through the environment this process hands on."""
     from ray.cluster_utils import Cluster
 
-    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    head = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "node_ip_address": "127.0.0.1",
-                                                         "include_dashboard": False})  # fmt: skip
-    try:
-        head.wait_for_nodes()
-        yield head.address
-    finally:
-        head.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
+    with patch.dict(os.environ, {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}):
+        head = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "node_ip_address": "127.0.0.1",
+                                                             "include_dashboard": False})  # fmt: skip
+        try:
+            head.wait_for_nodes()
+            yield head.address
+        finally:
+            head.shutdown()
 
 
 if __name__ == "__main__":
