@@ -199,3 +199,29 @@ def test_memory_stays_flat_on_an_hour_of_live_audio(tmp_path):
         assert out.returncode == 0, out.stderr
         peaks[minutes] = int(out.stdout.split()[-1])
     assert peaks[60] <= 1.10 * peaks[10], peaks
+
+
+@needs_corpus
+def test_a_live_window_opens_on_the_pause_before_its_speech():
+    """Whisper reads a window that opens where the speech does worse than one that opens on a
+    moment of the pause before it, so a live window takes in up to 2 s of that pause: never audio
+    an earlier window had, and never more than Whisper's 30 s."""
+    from ferrum_cli.audio.live import LEAD_SECONDS, LiveWindows
+    from ferrum_cli.options import VadOptions
+
+    samples, _ = joined_clips(CLIPS, GAP_SECONDS)
+    samples = np.concatenate([np.zeros(3 * 16000, np.float32), samples])  # the speaker starts 3 s in
+    speech: list[tuple[int, int]] = []
+    chunks = (samples[i : i + 1600] for i in range(0, len(samples), 1600))
+    windows = [(offset, len(heard) / 16000) for offset, heard in LiveWindows(chunks, VadOptions(), speech)]
+    assert len(windows) >= len(CLIPS)
+
+    previous_end = 0.0
+    for offset, duration in windows:
+        first_speech = min(a for a, b in speech if offset * 16000 <= a < (offset + duration) * 16000) / 16000
+        assert offset >= previous_end - 1e-6  # no audio twice
+        opens = max(first_speech - LEAD_SECONDS, previous_end)
+        assert offset == pytest.approx(opens, abs=0.001), (offset, first_speech)
+        assert duration <= 30.0
+        previous_end = offset + duration
+    assert windows[0][0] < 3.0 - LEAD_SECONDS + 0.5  # the first opens about 2 s before its speech

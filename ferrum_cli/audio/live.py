@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..options import VadOptions
-from .constants import SAMPLE_RATE, VAD_FRAME
+from .constants import SAMPLE_RATE, VAD_FRAME, WINDOW_SAMPLES
 from .level import raised_spans
 from .vad import WARMUP_FRAMES, regions_from_probabilities, speech_probabilities
 from .windows import quietest_cut
@@ -29,7 +29,7 @@ MIN_STRETCH_SECONDS = 1.5  # shorter stretches wait for more: a word or two alon
 MAX_STRETCH_SECONDS = 28.0  # a stretch this long is cut, so that each window fits Whisper's 30 s
 UPDATE_SECONDS = 0.2  # the VAD reads new audio in steps of at least this much
 UPDATE_INTERVAL = 0.1  # and at most this often (wall seconds): fed faster than real time, steps grow
-KEEP_SILENCE_SECONDS = 1.0  # audio kept before speech starts, for the VAD's context and padding
+LEAD_SECONDS = 2.0  # audio before a stretch's speech that its window opens with, where no earlier window has it
 READY_WINDOWS = 24  # stretches planned and not yet taken, at most
 CLOSED_POLL_SECONDS = 0.2
 _END = object()
@@ -55,6 +55,7 @@ class LiveWindows:
         self.options = replace(vad_options, min_silence_duration_ms=LIVE_SILENCE_MS)
         self.speech, self.on_ready = speech, on_ready
         self.pad = vad_options.speech_pad_ms * SAMPLE_RATE // 1000
+        self.lead = max(int(LEAD_SECONDS * SAMPLE_RATE), self.pad)
         # bounded: audio fed faster than it is decoded waits in the pipe, not in memory
         self._queue: queue.Queue = queue.Queue(READY_WINDOWS)
         self._chunks = chunks
@@ -163,7 +164,7 @@ class LiveWindows:
             if not closed:
                 break
             emitted_to = self._put(buffer, base, start, end, emitted_to, clipped(regions, start, end))
-        keep = SAMPLE_RATE * KEEP_SILENCE_SECONDS
+        keep = self.lead
         open_starts = [s for s, e in core if e > emitted_to]
         cut = min([max(s - int(keep), emitted_to) for s in open_starts] + [max(n - int(keep), emitted_to)])
         cut -= cut % VAD_FRAME
@@ -189,9 +190,12 @@ class LiveWindows:
     def _put(
         self, buffer, base: int, start: int, end: int, emitted_to: int, core: list[tuple[int, int]], pad_end=True
     ) -> int:
-        """Queue the window of speech [start, end) with its padding (none after a cut inside
-        speech: the next window starts there); returns where it ends."""
-        lo, hi = max(start - self.pad, emitted_to, 0), min(end + (self.pad if pad_end else 0), len(buffer))
+        """Queue the window of speech [start, end), opening with up to LEAD_SECONDS of the audio
+        before it and padded after (not after a cut inside speech: the next window starts there);
+        returns where it ends. Whisper reads a window that opens where the speech does worse
+        (as audio.windows.plan_whole notes), and a stretch of live speech is one window alone."""
+        hi = min(end + (self.pad if pad_end else 0), len(buffer))
+        lo = max(start - self.lead, emitted_to, hi - WINDOW_SAMPLES, 0)
         heard = np.array(raised_spans(buffer[lo:hi], [(0, hi - lo)]))  # a copy: the buffer is let go
         self._offer(((base + lo) / SAMPLE_RATE, heard, [(base + a, base + b) for a, b in core]))
         if self.on_ready:
