@@ -25,7 +25,7 @@ from .windows import quietest_cut
 
 LIVE_SILENCE_MS = 600  # a pause this long ends a stretch of live speech of MIN_STRETCH_SECONDS or more
 LONG_PAUSE_MS = 1000  # a pause this long ends any stretch: speakers seldom pause so long inside a sentence
-MIN_STRETCH_SECONDS = 1.5  # shorter stretches wait for more: a word or two alone gives Whisper too little context
+MIN_STRETCH_SECONDS = 3.0  # shorter stretches wait for more: a few words alone give Whisper too little context
 MAX_STRETCH_SECONDS = 28.0  # a stretch this long is cut, so that each window fits Whisper's 30 s
 UPDATE_SECONDS = 0.2  # the VAD reads new audio in steps of at least this much
 UPDATE_INTERVAL = 0.1  # and at most this often (wall seconds): fed faster than real time, steps grow
