@@ -225,3 +225,19 @@ def test_a_live_window_opens_on_the_pause_before_its_speech():
         assert duration <= 30.0
         previous_end = offset + duration
     assert windows[0][0] < 3.0 - LEAD_SECONDS + 0.5  # the first opens about 2 s before its speech
+
+
+@needs_corpus
+def test_live_text_is_the_same_at_any_pace(tmp_path):
+    """Where a stream is cut, and so its text, does not depend on how fast it arrives: speech
+    with short pauses inside it, paced at 4x real time and written into the pipe all at once."""
+    samples, _ = joined_clips(["en_spontaneous_mfa_acoustic_corpus.wav", "en_digits_10001-90210-01803.wav"], 1.0)
+    path = tmp_path / "pauses.wav"
+    path.write_bytes(wav_bytes(samples))
+    lines, _, ferrum = paced(path, 4.0, "--language", "en")
+    assert ferrum.returncode == 0, ferrum.stderr.read()
+    at_once = run_ferrum("transcribe", "-", "--live", "-f", "jsonl", "-q", "--language", "en", stdin=path.read_bytes())
+    assert at_once.returncode == 0, at_once.stderr
+    paced_segments = [(line["start"], line["end"], line["text"]) for _, line in lines]
+    assert len(paced_segments) > 2  # cut at the pauses inside the clips
+    assert [(s["start"], s["end"], s["text"]) for s in map(json.loads, at_once.stdout.splitlines())] == paced_segments

@@ -2,9 +2,10 @@
 
 The planner of files (windows.plan_windows) reads four minutes ahead to pack windows well; a
 live stream cannot wait for that. Here the VAD runs on the audio as it arrives, and a stretch of
-speech becomes a window once a pause of LIVE_SILENCE_MS follows it, or once it has run for
-MAX_STRETCH_SECONDS (cut at its quietest point). What has been handed on is let go, so memory
-stays flat on an endless stream.
+speech becomes a window once a pause of LIVE_SILENCE_MS follows MIN_STRETCH_SECONDS of it (or
+one of LONG_PAUSE_MS any of it), or once it has run for MAX_STRETCH_SECONDS (cut at its quietest
+point); the window opens on up to LEAD_SECONDS of the pause before. What has been handed on is
+let go, so memory stays flat on an endless stream.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import numpy as np
 from ..options import VadOptions
 from .constants import SAMPLE_RATE, VAD_FRAME, WINDOW_SAMPLES
 from .level import raised_spans
-from .vad import WARMUP_FRAMES, regions_from_probabilities, speech_probabilities
+from .vad import regions_from_probabilities, speech_probabilities_many
 from .windows import quietest_cut
 
 LIVE_SILENCE_MS = 600  # a pause this long ends a stretch of live speech of MIN_STRETCH_SECONDS or more
 LONG_PAUSE_MS = 1000  # a pause this long ends any stretch: speakers seldom pause so long inside a sentence
-MIN_STRETCH_SECONDS = 3.0  # shorter stretches wait for more: a few words alone give Whisper too little context
+MIN_STRETCH_SECONDS = 1.5  # shorter stretches wait for more: a word or two alone gives Whisper too little context
 MAX_STRETCH_SECONDS = 28.0  # a stretch this long is cut, so that each window fits Whisper's 30 s
-UPDATE_SECONDS = 0.2  # the VAD reads new audio in steps of at least this much
-UPDATE_INTERVAL = 0.1  # and at most this often (wall seconds): fed faster than real time, steps grow
+VAD_BLOCK_FRAMES = 6  # the VAD reads the stream in blocks of this many frames (0.19 s), each on its own
+BLOCK_WARMUP_FRAMES = 32  # after the second before it: half a second left the VAD unsettled on short blocks
+UPDATE_INTERVAL = 0.1  # the planner looks at new blocks at most this often (wall seconds)
 LEAD_SECONDS = 2.0  # audio before a stretch's speech that its window opens with, where no earlier window has it
 READY_WINDOWS = 24  # stretches planned and not yet taken, at most
 CLOSED_POLL_SECONDS = 0.2
@@ -104,7 +106,7 @@ class LiveWindows:
                     return
                 buffer = np.concatenate([buffer, chunk])
                 new = len(buffer) - len(probs) * VAD_FRAME
-                if new < UPDATE_SECONDS * SAMPLE_RATE or time.monotonic() - last_update < UPDATE_INTERVAL:
+                if new < VAD_BLOCK_FRAMES * VAD_FRAME or time.monotonic() - last_update < UPDATE_INTERVAL:
                     continue
                 last_update = time.monotonic()
                 probs = self._extend(buffer, probs)
@@ -136,16 +138,26 @@ class LiveWindows:
         raise _Closed
 
     def _extend(self, buffer: np.ndarray, probs: np.ndarray, final: bool = False) -> np.ndarray:
-        """The probabilities of the frames after those already read, each new read warmed up on
-        the half second before it."""
+        """The probabilities of the whole blocks after the frames already read (at the end, of
+        what is left too).
+
+        Each block of VAD_BLOCK_FRAMES is read warmed up on the second before it, all of them
+        in one batch: a block's probabilities are the same whether the stream arrives at
+        its pace or as fast as a pipe gives it, so its stretches and text are too. The buffer
+        is only ever cut at a block's edge, so blocks keep one grid from the stream's start.
+        """
         done = len(probs)
         frames = (len(buffer) + (VAD_FRAME - 1 if final else 0)) // VAD_FRAME
+        if not final:
+            frames = done + (frames - done) // VAD_BLOCK_FRAMES * VAD_BLOCK_FRAMES
         if frames <= done:
             return probs
-        start = max(0, done - WARMUP_FRAMES)
-        piece = buffer[start * VAD_FRAME : frames * VAD_FRAME]
-        fresh = speech_probabilities(piece)[done - start :]
-        return np.concatenate([probs, fresh[: frames - done]])
+        blocks = [(a, min(a + VAD_BLOCK_FRAMES, frames)) for a in range(done, frames, VAD_BLOCK_FRAMES)]
+        starts = [max(0, a - BLOCK_WARMUP_FRAMES) for a, _ in blocks]
+        pieces = [buffer[start * VAD_FRAME : b * VAD_FRAME] for start, (_, b) in zip(starts, blocks)]
+        read = speech_probabilities_many(pieces)
+        fresh = [p[a - start : b - start] for p, start, (a, b) in zip(read, starts, blocks)]
+        return np.concatenate([probs, *fresh])
 
     def _emit(self, buffer, probs, base: int, emitted_to: int, final: bool) -> tuple[int, int]:
         """Queue the stretches that have ended; returns (where the buffer may be cut, emitted_to)."""
@@ -167,7 +179,7 @@ class LiveWindows:
         keep = self.lead
         open_starts = [s for s, e in core if e > emitted_to]
         cut = min([max(s - int(keep), emitted_to) for s in open_starts] + [max(n - int(keep), emitted_to)])
-        cut -= cut % VAD_FRAME
+        cut -= cut % (VAD_FRAME * VAD_BLOCK_FRAMES)  # at a block's edge: see _extend
         return max(cut, 0), emitted_to
 
     @staticmethod
