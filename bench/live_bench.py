@@ -5,6 +5,7 @@ Latency, per clip copy (a sentence or a few): from the moment the pacer has writ
 last sample to the moment the last line that covers the copy reaches stdout. WER of the live text
 against the references, beside the offline run of the same file. BENCH_LIVE_SPEED paces faster
 (2 = twice real time) to try it out; the figures of record are at 1.
+A second file, the clips reversed 4 times, is fed all at once as a check with no target.
 Run alone: python bench/live_bench.py [copies of the 12 clips, default 6].
 """
 
@@ -73,12 +74,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(ferrum: list[str], wav: str, layout: list, reference: str, wer, console) -> tuple[dict, dict, dict]:
-    """(row, ratios, targets) of the live scenario; wer(reference, text) as the bench scores."""
-    offline = subprocess.run(
-        [*ferrum, "transcribe", wav, "-f", "json", "-q", "--language", "en"], capture_output=True, check=True
-    )
-    offline_text = json.loads(offline.stdout)["text"]
+def offline_text(ferrum: list[str], wav: str) -> str:
+    out = subprocess.run([*ferrum, "transcribe", wav, "-f", "json", "-q", "--language", "en"], capture_output=True)
+    if out.returncode != 0:
+        sys.exit(f"bench: ferrum exited {out.returncode}: {out.stderr.decode()[-2000:]}")
+    return json.loads(out.stdout)["text"]
+
+
+def live_at_once(ferrum: list[str], wav: str) -> str:
+    """The text of `ferrum transcribe - --live` with the whole file written into the pipe at once."""
+    with open(wav, "rb") as fh:
+        out = subprocess.run(
+            [*ferrum, "transcribe", "-", "--live", "-f", "jsonl", "-q", "--language", "en"], stdin=fh,
+            capture_output=True,
+        )  # fmt: skip
+    if out.returncode != 0:
+        sys.exit(f"bench: ferrum --live exited {out.returncode}: {out.stderr.decode()[-2000:]}")
+    return " ".join(json.loads(line)["text"].strip() for line in out.stdout.splitlines() if line.strip())
+
+
+def measure(
+    ferrum: list[str], wav: str, layout: list, reference: str, wer, console, check: tuple[str, str] | None = None
+) -> tuple[dict, dict, dict]:
+    """(row, ratios, targets) of the live scenario; wer(reference, text) as the bench scores.
+
+    check: (wav, reference) of a second file, the clips in another order, fed at once (the live
+    planner cuts a stream alike at any pace): its live WER beside its offline WER, with no target.
+    """
+    offline = offline_text(ferrum, wav)
     lines, _ = live_run(ferrum, wav)
     live_text = " ".join(seg["text"].strip() for _, seg in lines)
     delays = latencies(lines, layout)
@@ -91,8 +114,12 @@ def measure(ferrum: list[str], wav: str, layout: list, reference: str, wer, cons
         "latency_p95": round(percentile(delays, 0.95), 2) if delays else None,
         "latency_max": round(max(delays), 2) if delays else None,
         "wer_live": round(wer(reference, live_text), 4),
-        "wer_offline": round(wer(reference, offline_text), 4),
+        "wer_offline": round(wer(reference, offline), 4),
     }
+    if check is not None:
+        check_wav, check_reference = check
+        row["wer_live_check"] = round(wer(check_reference, live_at_once(ferrum, check_wav)), 4)
+        row["wer_offline_check"] = round(wer(check_reference, offline_text(ferrum, check_wav)), 4)
     console.print(
         f"  live    p50 {row['latency_p50']} s  p95 {row['latency_p95']} s  max {row['latency_max']} s  "
         f"WER {row['wer_live']} live against {row['wer_offline']} offline  ({row['copies_heard']}/{len(layout)} copies)"
@@ -102,6 +129,10 @@ def measure(ferrum: list[str], wav: str, layout: list, reference: str, wer, cons
         "live WER - offline WER (points)": round((row["wer_live"] - row["wer_offline"]) * 100, 2),
         "live copies heard / copies": round(len(delays) / len(layout), 3),
     }
+    if check is not None:
+        check_live, check_offline = row["wer_live_check"], row["wer_offline_check"]
+        console.print(f"  live    WER {check_live} live against {check_offline} offline: clips reversed, fed at once")
+        ratios["live WER - offline WER, clips reversed (points)"] = round((check_live - check_offline) * 100, 2)
     targets = {
         "live latency p95 s": ("<=", 2.5),
         "live WER - offline WER (points)": ("<=", 1.0),
@@ -123,11 +154,17 @@ if __name__ == "__main__":
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     rows = english_rows()
     clips = [str(CORPUS / r["file"]) for r in rows]
-    samples, layout = joined(clips, [decode_file(c).samples for c in clips], copies)
+    decoded = [decode_file(c).samples for c in clips]
+    samples, layout = joined(clips, decoded, copies)
+    backwards, reversed_layout = joined(clips[::-1], decoded[::-1], 4)  # as run_bench's check
     refs = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
     with tempfile.TemporaryDirectory() as work:
-        wav = str(Path(work) / "longform.wav")
+        wav, check = str(Path(work) / "longform.wav"), str(Path(work) / "reversed.wav")
         write_wav(Path(wav), samples)
+        write_wav(Path(check), backwards)
         reference = " ".join(refs[clip] for clip, _, _ in layout)
-        row, ratios, targets = measure(ferrum_command(), wav, layout, reference, wer, Console())
+        check_reference = " ".join(refs[clip] for clip, _, _ in reversed_layout)
+        row, ratios, targets = measure(
+            ferrum_command(), wav, layout, reference, wer, Console(), (check, check_reference)
+        )
     print(json.dumps({"row": row, "ratios": ratios, "targets": targets}, indent=1))

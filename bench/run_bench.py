@@ -466,8 +466,10 @@ def main() -> None:
     console.print(f"[b]live[/b]: the longform through --live from a real-time pacer ({lf_s:.0f} s, live_bench.py)")
     from live_bench import measure as measure_live
 
-    live_row, live_ratios, live_targets = measure_live(ferrum_command(), lf, audio["layouts"]["longform"], lf_ref,
-                                                       wer, console)  # fmt: skip
+    live_row, live_ratios, live_targets = measure_live(
+        ferrum_command(), lf, audio["layouts"]["longform"], lf_ref, wer, console,
+        (audio["reversed"], audio["reversed_ref"]),
+    )  # fmt: skip
 
     console.print("[b]cluster[/b]: the longform and the 12 clips, --cluster local with one worker (cluster_bench.py)")
     from cluster_bench import measure as measure_cluster
