@@ -23,6 +23,7 @@ from pathlib import Path
 SPEED = float(os.environ.get("BENCH_LIVE_SPEED", "1"))
 STEP_SECONDS = 0.1
 GAP_SECONDS = 1.0  # after each copy in the joined file (run_bench.joined)
+LIVE = ["transcribe", "-", "--live", "-f", "jsonl", "-q", "--language", "en"]  # ferrum's arguments, paced or not
 
 
 def pace(proc: subprocess.Popen, pcm: bytes, started: dict) -> None:
@@ -43,7 +44,7 @@ def live_run(ferrum: list[str], wav: str) -> tuple[list[tuple[float, dict]], flo
     """Each jsonl line with the second it arrived after the pacer began, and the pacer's start."""
     pcm = Path(wav).read_bytes()  # the header first, as a recorder's pipe starts
     proc = subprocess.Popen(
-        [*ferrum, "transcribe", "-", "--live", "-f", "jsonl", "-q", "--language", "en"],
+        [*ferrum, *LIVE],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     errors: list[bytes] = []
@@ -84,10 +85,7 @@ def offline_text(ferrum: list[str], wav: str) -> str:
 def live_at_once(ferrum: list[str], wav: str) -> str:
     """The text of `ferrum transcribe - --live` with the whole file written into the pipe at once."""
     with open(wav, "rb") as fh:
-        out = subprocess.run(
-            [*ferrum, "transcribe", "-", "--live", "-f", "jsonl", "-q", "--language", "en"], stdin=fh,
-            capture_output=True,
-        )  # fmt: skip
+        out = subprocess.run([*ferrum, *LIVE], stdin=fh, capture_output=True)
     if out.returncode != 0:
         sys.exit(f"bench: ferrum --live exited {out.returncode}: {out.stderr.decode()[-2000:]}")
     return " ".join(json.loads(line)["text"].strip() for line in out.stdout.splitlines() if line.strip())
