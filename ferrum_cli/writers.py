@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import IO
@@ -30,9 +31,25 @@ def parse_formats(values: list[str]) -> list[str]:
     return list(dict.fromkeys(out)) or ["txt"]
 
 
+def strict_json(value, **kwargs) -> str:
+    """JSON that strict parsers read: an infinite or NaN float (an option such as
+    max_speech_duration_s=inf) is written as null, never as Infinity."""
+    return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, **kwargs)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def segment_json(segment: Segment, language: str | None = None) -> str:
     record = segment.to_dict() if language is None else {**segment.to_dict(), "language": language}
-    return json.dumps(record, ensure_ascii=False)
+    return strict_json(record)
 
 
 def render(result: Transcription, fmt: str, layout: dict | None = None) -> str:
@@ -40,7 +57,7 @@ def render(result: Transcription, fmt: str, layout: dict | None = None) -> str:
     if fmt == "jsonl":
         return "".join(segment_json(s, result.language) + "\n" for s in result.segments)
     if fmt == "json":
-        return json.dumps(result.to_dict(), ensure_ascii=False) + "\n"
+        return strict_json(result.to_dict()) + "\n"
     if fmt == "txt":
         return "".join(s.text.strip() + "\n" for s in result.segments)
     from whisper.utils import WriteSRT, WriteTSV, WriteVTT

@@ -100,7 +100,9 @@ def cli_texts(tmp_path_factory) -> dict[str, str]:
 
 
 def post(server, path: str = "/v1/audio/transcriptions", key: str | None = KEY, **kwargs) -> httpx.Response:
+    """A form as OpenAI's clients send it: with model=whisper-1 unless the test names another."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    kwargs["data"] = {"model": "whisper-1", **kwargs.get("data", {})}
     return httpx.post(server.url + path, headers=headers, timeout=300, **kwargs)
 
 
@@ -197,7 +199,10 @@ def test_streaming_gives_each_segment_then_the_text(client):
 
 def test_models_and_health(server, client):
     ids = [m.id for m in client.models.list()]
-    assert ids[:2] == ["base", "whisper-1"]
+    assert ids == ["base", "whisper-1"]  # each one a request may name
+    for name in ids:
+        with open(SAMPLE, "rb") as fh:
+            assert client.audio.transcriptions.create(model=name, file=fh).text
     health = httpx.get(server.url + "/health", timeout=10)  # no key needed: a load balancer's probe
     assert health.json() == {"status": "ready", "model": "base"}
 
@@ -236,6 +241,9 @@ def test_each_error_in_openai_shape(server, client, tmp_path):
     assert_openai_error(post(server, key=None, files={"file": ("a.wav", audio)}), 401)
     assert_openai_error(post(server, key="wrong", files={"file": ("a.wav", audio)}), 401)
     assert_openai_error(httpx.get(server.url + "/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}), 404)
+    no_model = httpx.post(server.url + "/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"},
+                          files={"file": ("a.wav", audio)}, timeout=60)  # fmt: skip
+    assert_openai_error(no_model, 400, "model")  # as OpenAI: model is required
 
     with pytest.raises(openai.NotFoundError):
         client.audio.transcriptions.create(model="large-v9", file=("a.wav", audio))
@@ -243,6 +251,19 @@ def test_each_error_in_openai_shape(server, client, tmp_path):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.BadRequestError, match="not audio"):
         client.audio.transcriptions.create(model="whisper-1", file=("x.mp3", not_audio))
+
+
+def test_a_prompt_that_spells_special_tokens_is_text_and_the_server_goes_on(server, client):
+    """'<|endoftext|>' in a prompt raised in the tokenizer on the engine's thread, which died: every
+    later request hung while /health said ready."""
+    with open(SAMPLE, "rb") as fh:
+        plain = client.audio.transcriptions.create(model="whisper-1", file=fh).text
+    for prompt in ("<|endoftext|>", "<|startoftranscript|><|en|> Hello", "<|notimestamps|>"):
+        with open(SAMPLE, "rb") as fh:
+            assert client.audio.transcriptions.create(model="whisper-1", file=fh, prompt=prompt).text
+    with open(SAMPLE, "rb") as fh:
+        assert client.audio.transcriptions.create(model="whisper-1", file=fh).text == plain
+    assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ready"
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +354,8 @@ def test_options_per_request_do_not_leak_into_others(client):
 
 
 def test_clients_that_go_away_do_not_disturb_the_server(server, client):
-    body = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + SAMPLE.read_bytes()
+    model = b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+    body = model + b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + SAMPLE.read_bytes()
     head = (
         f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
         f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(body) + 8}\r\n\r\n"
@@ -434,6 +456,9 @@ def test_a_live_stream_refused_or_broken_gets_an_openai_error(server):
     bad_format = stream_audio(server, b"", "audio_format=mp3")
     assert [e["type"] for _, e in bad_format["events"]] == ["error"] and bad_format["close_code"] == 1008
     assert bad_format["events"][0][1]["error"]["param"] == "audio_format"
+    bad_language = stream_audio(server, bytes(32000), "language=xx")  # audio sent before the error is read
+    assert [e["type"] for _, e in bad_language["events"]] == ["error"] and bad_language["close_code"] == 1008
+    assert bad_language["events"][0][1]["error"]["param"] == "language"
     noise = stream_audio(server, bytes(range(256)) * 400, "audio_format=any")
     assert [e["type"] for _, e in noise["events"]] == ["error"] and noise["close_code"] == 1008
     assert noise["events"][0][1]["error"]["code"] == "invalid_audio"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -10,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..writers import strict_json
 from .console import err
 
 
@@ -152,14 +152,14 @@ def print_summary(summary) -> None:
 
 def print_mapping(title: str, data: dict, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        sys.stdout.write(strict_json(data, indent=2, default=str) + "\n")
         return
     table = Table(title=title, show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     for key, value in data.items():
         if isinstance(value, (dict, list)):
-            value = json.dumps(value, default=str)
+            value = strict_json(value, default=str)
             value = value if len(value) < 200 else value[:197] + "…"
         table.add_row(escape(str(key)), escape(str(value)))
     Console(emoji=False).print(table)

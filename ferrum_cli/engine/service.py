@@ -33,7 +33,10 @@ class Ticket:
     def finish(self, result: Transcription | FerrumError) -> None:
         if not self.finished:
             self.finished = True
-            self.on_done(result)
+            try:
+                self.on_done(result)
+            except Exception as exc:  # the caller's fault: it must not stop the engine for the others
+                log.error("on_done of an input failed: %s: %s", type(exc).__name__, exc)
 
 
 def engine_key(options: TranscribeOptions) -> TranscribeOptions:
@@ -51,6 +54,10 @@ class EngineService:
 
     An engine whose only inputs are live streams with no stretch ready is left `idle` until one
     of them has (LiveWindows calls back), so that waiting for a speaker costs no CPU.
+
+    A fault fails only what it touched: an input whose options cannot start an engine fails
+    alone, a batch that raises fails that engine's inputs. A fault outside both (a bug in this
+    loop) fails every input, refuses new ones, and calls on_fatal: the thread never dies silently.
     """
 
     def __init__(
@@ -66,12 +73,16 @@ class EngineService:
         self._live_events = 0  # callbacks from live streams so far: a step that saw none may idle
         self._wake = threading.Condition()
         self._stopping = False
+        self.failed: ServiceError | None = None  # set when the thread could not go on
+        self.on_fatal: Callable[[ServiceError], None] | None = None  # then, once, on the engine's thread
         self.on_closed: Callable[[], None] | None = None  # after close() has stopped the thread
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
         self._thread.start()
 
     def submit(self, ticket: Ticket) -> Ticket:
         with self._wake:
+            if self.failed is not None:
+                raise self.failed
             if self._stopping:
                 raise ServiceError("the engine is shutting down")
             self._submitted.append(ticket)
@@ -93,12 +104,6 @@ class EngineService:
             self._idle.clear()
             self._wake.notify()
 
-    @property
-    def waiting(self) -> int:
-        """Inputs submitted and not yet done."""
-        with self._wake:
-            return len(self._submitted) + sum(len(t) for t in self._tickets.values())
-
     def close(self, timeout: float | None = None) -> None:
         """Finish what was submitted, then stop the thread."""
         with self._wake:
@@ -111,6 +116,26 @@ class EngineService:
     # -- the engine's thread -----------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:
+            log.error("the engine stopped: %s: %s", type(exc).__name__, exc)
+            log.debug("engine stopped", exc_info=True)
+            self._fail_all(ServiceError(f"the engine stopped: {type(exc).__name__}"))
+
+    def _fail_all(self, error: ServiceError) -> None:
+        with self._wake:
+            self.failed, self._stopping = error, True
+            tickets = [*self._submitted, *(t for group in self._tickets.values() for t in group)]
+            self._submitted.clear()
+            self._tickets.clear()
+            self._engines.clear()
+        for ticket in tickets:
+            ticket.finish(error)
+        if self.on_fatal:
+            self.on_fatal(error)
+
+    def _run(self) -> None:
         turn = 0
         while True:
             with self._wake:
@@ -154,7 +179,14 @@ class EngineService:
             ticket = self._submitted.pop(0)
             key = engine_key(ticket.options)
             if key not in self._engines:
-                engine = self._engines[key] = BatchedEngine(self.model, key)
+                try:
+                    engine = BatchedEngine(self.model, key)
+                except Exception as exc:  # options no engine can run: this input fails alone
+                    log.error("cannot start an engine: %s: %s", type(exc).__name__, exc)
+                    error = exc if isinstance(exc, FerrumError) else ServiceError(f"cannot transcribe: {exc}")
+                    ticket.finish(error)
+                    continue
+                self._engines[key] = engine
                 engine.on_segment = lambda t, segment, e=engine: t.on_segment(segment, e.language_of(t))
                 engine.on_live_ready = self._live_ready
                 self._tickets[key] = set()

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from ..engine.service import Ticket
 from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
 from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
+from ..results import Transcription
 from .gate import Gate
 from .job import Job
 from .metrics import ServerMetrics
@@ -39,6 +40,8 @@ from .uploads import decode_upload
 
 log = logging.getLogger("ferrum.server")
 MODEL_ALIASES = ("whisper-1",)  # what clients written for OpenAI send
+DEFAULT_RATE = 10.0  # audio seconds per second assumed for Retry-After until the server has measured its own
+RATE_MEMORY_SECONDS = 600.0  # busy time after which the measured rate halves its past
 DISCONNECT_POLL_SECONDS = 0.25
 
 
@@ -58,30 +61,54 @@ class ServerSettings:
 
 
 class Admission:
-    """Audio seconds in the queue, and the 429 when a request would take them over the limit."""
+    """Audio seconds in the queue, and the 429 when a request would take them over the limit.
+
+    Retry-After comes from the throughput measured while requests were queued (audio seconds
+    finished per second of wall time with work in hand, all requests together), not from one
+    request's time, which includes its wait behind the others."""
 
     def __init__(self, limit: float) -> None:
         self.limit, self.queued, self.requests = limit, 0.0, 0
-        self.rate = 10.0  # audio seconds per second, updated as requests finish: for Retry-After
+        self.finished_seconds, self.busy_seconds = 0.0, 0.0  # audio finished; wall time with work in hand
+        self._counted_to = time.monotonic()
         self._lock = threading.Lock()
+
+    @property
+    def rate(self) -> float:
+        """Audio seconds the server finishes per second, once measured (DEFAULT_RATE before)."""
+        if self.busy_seconds < 1.0 or self.finished_seconds <= 0:
+            return DEFAULT_RATE
+        return self.finished_seconds / self.busy_seconds
 
     def reserve(self, seconds: float) -> None:
         with self._lock:
             if self.queued and self.queued + seconds > self.limit:
-                wait = max(1, math.ceil(self.queued / max(self.rate, 0.1)))
+                room_in = min(self.queued, self.queued + seconds - self.limit) / self.rate
                 raise OverloadedError(
                     f"the server is busy: {self.queued:.0f} s of audio queued, limit {self.limit:.0f} s; retry later",
-                    wait,
+                    max(1, math.ceil(room_in)),
                 )
+            self._count_busy()
             self.queued += seconds
             self.requests += 1
 
-    def release(self, seconds: float, elapsed: float | None = None) -> None:
+    def release(self, seconds: float, finished: bool) -> None:
+        """A request left the queue; finished: its audio was transcribed (not cancelled or refused)."""
         with self._lock:
+            self._count_busy()
             self.queued = max(0.0, self.queued - seconds)
             self.requests -= 1
-            if elapsed:
-                self.rate = 0.8 * self.rate + 0.2 * seconds / max(elapsed, 1e-3)
+            if finished:
+                self.finished_seconds += seconds
+            if self.busy_seconds > RATE_MEMORY_SECONDS:  # the recent past counts most
+                self.finished_seconds, self.busy_seconds = self.finished_seconds / 2, self.busy_seconds / 2
+
+    def _count_busy(self) -> None:
+        """Add the time since the last count to busy_seconds if requests were in hand all along."""
+        now = time.monotonic()
+        if self.requests:
+            self.busy_seconds += now - self._counted_to
+        self._counted_to = now
 
 
 class Server:
@@ -117,11 +144,19 @@ class Server:
             return
         self.executor, self.model_name = executor, executor.info()["name"]
         self.service = executor.serve(self.settings.share_batches, self._batch_done)
+        self.service.on_fatal = self._engine_stopped
         self.state = "ready"
         log.info(
             "ready: model %s on %s (%s) in %.1f s",
             self.model_name, executor.device, executor.dtype, time.perf_counter() - start,
         )  # fmt: skip
+
+    def _engine_stopped(self, error: ServiceError) -> None:
+        """The engine's thread cannot go on: /health says so and the process ends (on_fatal), never a hang."""
+        log.error("cannot go on: %s", error.message)
+        self.state = "failed"
+        if self.on_fatal:
+            self.on_fatal(error)
 
     def _batch_done(self, windows: int, batch_size: int) -> None:
         self.metrics.batch_fill.observe(windows / batch_size)
@@ -136,6 +171,8 @@ class Server:
     # -- a request ---------------------------------------------------------------------
 
     def check_model(self, model: str | None) -> None:
+        if self.state == "failed":
+            raise APIError(503, "the engine stopped; the server is shutting down", "server_error", code="unavailable")
         if self.state != "ready":
             raise APIError(503, f"the model is {self.state}; try again shortly", "server_error", code="model_loading")
         accepted = {self.model_name, self.settings.model, *MODEL_ALIASES}
@@ -181,6 +218,8 @@ class Server:
         upload: UploadFile | None = form["file"]
         if upload is None or isinstance(upload, str):
             raise APIError(400, "no file: send the audio as the multipart field 'file'", param="file")
+        if not (form["model"] or "").strip():  # as OpenAI: the field is required
+            raise APIError(400, "you must provide a model parameter (whisper-1 or the model served)", param="model")
         self.check_model(form["model"])
         options = self.options_for(
             task, form.get("language"), form["prompt"], form["temperature"], "word" in granularities
@@ -203,18 +242,18 @@ class Server:
         try:
             self.service.submit(ticket)
         except ServiceError as exc:
-            self._finished(decoded, None)
+            self._finished(decoded, False)
             raise APIError.of(exc) from None
-        started = time.perf_counter()
         if form["stream"]:
             return StreamingResponse(
-                self._events(request, job, ticket, decoded, started), media_type="text/event-stream",
+                self._events(request, job, ticket, decoded), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
+        result = None
         try:
             result = await self._wait(request, job, ticket)
         finally:
-            self._finished(decoded, started)
+            self._finished(decoded, isinstance(result, Transcription))
         if result is None:  # the client went away: nobody to answer
             return Response(status_code=499)
         if isinstance(result, FerrumError):
@@ -223,8 +262,8 @@ class Server:
         body, media_type = response_body(result, fmt, task, granularities)
         return Response(body, media_type=media_type)
 
-    def _finished(self, decoded, started: float | None) -> None:
-        self.admission.release(decoded.seconds, time.perf_counter() - started if started else None)
+    def _finished(self, decoded, transcribed: bool) -> None:
+        self.admission.release(decoded.seconds, transcribed)
         decoded.close()
         self.metrics.queue_requests.set(self.admission.requests)
         self.metrics.queue_audio_seconds.set(self.admission.queued)
@@ -240,9 +279,9 @@ class Server:
                     self.metrics.cancelled.inc()
                     return None
 
-    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, started: float):
+    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded):
         """Server-sent events: a delta per segment as it is decoded, then done (or an error)."""
-        finished = False
+        finished, transcribed = False, False
         try:
             first = True
             while True:
@@ -255,6 +294,7 @@ class Server:
                 if isinstance(value, FerrumError):
                     yield sse(APIError.of(value, "file").body(), "error")
                 else:
+                    transcribed = True
                     self.metrics.audio_seconds.inc(value.duration)
                     yield done_event(value)
                 return
@@ -262,7 +302,7 @@ class Server:
             if not finished:  # the client went away mid-stream
                 self.service.cancel(ticket)
                 self.metrics.cancelled.inc()
-            self._finished(decoded, started)
+            self._finished(decoded, transcribed)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -352,7 +392,7 @@ def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": await run_in_threadpool(model_list, server)}
+        return {"object": "list", "data": model_list(server)}
 
     @app.get("/health")
     async def health():
@@ -371,14 +411,10 @@ def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
 
 
 def model_list(server: Server) -> list[dict]:
-    """The model served (and its OpenAI alias), then the models found on this machine that
-    another `ferrum serve --model NAME` could load without the network."""
-    from ..weights.locations import known_model_names, offline_places
-
+    """The model served and its OpenAI alias: the names a request may send. Other models on this
+    machine need their own `ferrum serve --model NAME` (ferrum status lists them)."""
     created = int(time.time())
-    served = [server.model_name, *MODEL_ALIASES]
-    out = [{"id": name, "object": "model", "created": created, "owned_by": "ferrum", "loaded": True} for name in served]
-    for name in known_model_names():
-        if name not in served and offline_places(name):
-            out.append({"id": name, "object": "model", "created": created, "owned_by": "ferrum", "loaded": False})
-    return out
+    return [
+        {"id": name, "object": "model", "created": created, "owned_by": "ferrum"}
+        for name in dict.fromkeys([server.model_name, *MODEL_ALIASES])
+    ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from ..errors import (
     AudioDecodeError,
     FerrumError,
@@ -15,7 +13,7 @@ from ..errors import (
     UsageError,
 )
 from ..results import Segment, Transcription
-from ..writers import render
+from ..writers import render, strict_json
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
@@ -94,7 +92,7 @@ def word_objects(result: Transcription) -> list[dict]:
 def response_body(result: Transcription, fmt: str, task: str, granularities: tuple[str, ...]) -> tuple[str, str]:
     """(body, media type) of a finished transcription in one of RESPONSE_FORMATS."""
     if fmt == "json":
-        body = json.dumps({"text": result.text, "usage": {"type": "duration", "seconds": round(result.duration, 3)}})
+        body = strict_json({"text": result.text, "usage": {"type": "duration", "seconds": round(result.duration, 3)}})
     elif fmt == "text":
         body = result.text + "\n"
     elif fmt in ("srt", "vtt"):
@@ -107,14 +105,14 @@ def response_body(result: Transcription, fmt: str, task: str, granularities: tup
         if "word" in granularities:
             verbose["words"] = word_objects(result)
         verbose["usage"] = {"type": "duration", "seconds": round(result.duration, 3)}
-        body = json.dumps(verbose, ensure_ascii=False)
+        body = strict_json(verbose)
     return body, MEDIA_TYPES[fmt]
 
 
 def sse(event: dict, name: str | None = None) -> str:
     """One server-sent event."""
     head = f"event: {name}\n" if name else ""
-    return f"{head}data: {json.dumps(event, ensure_ascii=False)}\n\n"
+    return f"{head}data: {strict_json(event)}\n\n"
 
 
 def delta_event(segment: Segment, first: bool) -> str:

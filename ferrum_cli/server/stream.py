@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..audio.ffmpeg import AudioStream
 from ..engine.service import Ticket
 from ..errors import FerrumError, ServiceError
+from ..writers import strict_json
 from .job import Job
 from .openai_format import APIError
 
@@ -31,6 +32,7 @@ FEED_CHUNKS = 256  # messages buffered for the engine; past that the socket is r
 FULL_WAIT_SECONDS = 0.01
 CLOSE_ERROR = 1008  # policy violation: the stream was refused or its audio was bad
 CLOSE_SERVER_ERROR = 1011
+REFUSED_DRAIN_SECONDS = 10.0  # a refused stream's audio is read and dropped this long, for the error to be read
 
 
 class AudioFeed:
@@ -107,7 +109,7 @@ async def stream(websocket: WebSocket, server) -> None:
         server.check_model(params.get("model"))
         options = server.options_for(task, params.get("language"), params.get("prompt"), temperature, False)
     except APIError as exc:
-        await _close_with(websocket, exc, CLOSE_ERROR)
+        await _refuse(websocket, exc)
         return
     feed, job = AudioFeed(), Job(asyncio.get_running_loop())
     ticket = Ticket(opener(feed, audio_format), options, job.segment, job.done, live=True)
@@ -125,7 +127,7 @@ async def stream(websocket: WebSocket, server) -> None:
             if kind == "gone":
                 return
             if kind == "segment":
-                await websocket.send_json(segment_event(*value))
+                await websocket.send_text(strict_json(segment_event(*value)))
                 continue
             finished = True
             if isinstance(value, FerrumError):
@@ -133,7 +135,7 @@ async def stream(websocket: WebSocket, server) -> None:
                 return
             server.metrics.audio_seconds.inc(value.duration)
             done = {"type": "done", "text": value.text, "language": value.language, "duration": value.duration}
-            await websocket.send_json(done)
+            await websocket.send_text(strict_json(done))
             await websocket.close()
             return
     except (WebSocketDisconnect, RuntimeError):  # the client went away while we wrote
@@ -176,9 +178,26 @@ def _is_end(text: str | None) -> bool:
         return False
 
 
-async def _close_with(websocket: WebSocket, error: APIError, code: int) -> None:
+async def _refuse(websocket: WebSocket, error: APIError) -> None:
+    """The error, then the client's audio read and dropped until its "end" (at most REFUSED_DRAIN_SECONDS)
+    before the close: a client that sends all its audio before it reads still finds the error."""
     try:
-        await websocket.send_json({"type": "error", **error.body()})
-        await websocket.close(code, error.message[:120])
+        await websocket.send_text(strict_json({"type": "error", **error.body()}))
+        deadline = asyncio.get_running_loop().time() + REFUSED_DRAIN_SECONDS
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            message = await asyncio.wait_for(websocket.receive(), left)
+            if message["type"] == "websocket.disconnect" or _is_end(message.get("text")):
+                break
+    except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError):
+        pass
+    await _close_with(websocket, None, CLOSE_ERROR, error.message)
+
+
+async def _close_with(websocket: WebSocket, error: APIError | None, code: int, reason: str = "") -> None:
+    try:
+        if error is not None:
+            await websocket.send_text(strict_json({"type": "error", **error.body()}))
+            reason = error.message
+        await websocket.close(code, reason.encode()[:120].decode("utf-8", "ignore"))
     except (WebSocketDisconnect, RuntimeError):
         pass
