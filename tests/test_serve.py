@@ -38,13 +38,13 @@ KEY = "test-key-123"
 class RunningServer:
     """`ferrum serve` as a user starts it; stderr is kept for the checks on its log."""
 
-    def __init__(self, *args: str, ready_timeout: float = 180) -> None:
+    def __init__(self, *args: str, ready_timeout: float = 180, program: list[str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(f"/tmp/ferrum-serve-{self.port}.log")
         self.log_file = open(self.log, "w+b")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [FERRUM, "serve", "--port", str(self.port), *args],
+            [*(program or [FERRUM]), "serve", "--port", str(self.port), *args],
             stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + ready_timeout
@@ -481,6 +481,38 @@ def test_a_live_stream_refused_or_broken_gets_an_openai_error(server):
 
 
 # -- the process -----------------------------------------------------------------------------
+
+
+ENGINE_FAULT = """
+import sys
+from ferrum_cli.engine.batched import BatchedEngine
+def broken(self, request):
+    raise RuntimeError("injected fault in the engine's loop")
+BatchedEngine.submit = broken
+from ferrum_cli.cli import main
+sys.argv[0] = "ferrum"
+main()
+"""
+
+
+def test_an_engine_that_cannot_go_on_fails_the_request_then_health_and_exits_1():
+    """Not a hang behind a /health that says ready: the request gets a 503 in OpenAI's shape,
+    /health turns 503, and the process ends with exit 1."""
+    import sys
+
+    running = RunningServer("--model", "tiny.en", program=[sys.executable, "-c", ENGINE_FAULT])
+    try:
+        response = post(running, key=None, files={"file": ("a.wav", SAMPLE.read_bytes())})
+        assert_openai_error(response, 503)
+        try:
+            health = httpx.get(running.url + "/health", timeout=5)
+            assert health.status_code == 503 and health.json()["status"] == "failed"
+        except httpx.TransportError:
+            pass  # already gone
+        assert running.proc.wait(60) == 1
+    finally:
+        running.stop()
+    assert "the engine stopped: RuntimeError" in running.output() and "Traceback" not in running.output()
 
 
 def test_beyond_loopback_needs_a_key():
