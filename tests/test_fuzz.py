@@ -78,6 +78,41 @@ def test_a_symlink_loop_does_not_hang_the_walk(tmp_path):
     assert [j.relative for j in jobs] == [PurePosixPath("a/x")]
 
 
+def test_a_glob_reads_each_real_file_once_and_never_follows_a_symlink_loop(tmp_path, monkeypatch):
+    """Two '..' links made glob.glob's ** run forever; one made outputs 40 folders deep."""
+    (tmp_path / "l" / "a").mkdir(parents=True)
+    (tmp_path / "l" / "x.wav").write_bytes(b"RIFF")
+    (tmp_path / "l" / "a" / "y.wav").write_bytes(b"RIFF")
+    (tmp_path / "l" / "up").symlink_to("..", target_is_directory=True)
+    (tmp_path / "l" / "a" / "up").symlink_to("..", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    jobs = expand(["l/**/*.wav"])
+    assert sorted(str(j.relative) for j in jobs) == ["a/y", "x"]
+
+
+folders = st.lists(st.sampled_from(["a", "b", ".h", "c d"]), max_size=3)
+files_and_folders = st.lists(st.tuples(folders, st.sampled_from(["x.wav", ".y.wav", "z.mp3"])), min_size=1, max_size=8)
+patterns = st.lists(
+    st.sampled_from(["**", "*", "a", "b*", ".h", "*.wav", "?.mp3", "[ab]", ".*"]), min_size=1, max_size=4
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files_and_folders, patterns)
+def test_a_glob_matches_what_glob_glob_matches_where_no_link_leads_back(tmp_path_factory, tree, parts):
+    import glob
+
+    from ferrum_cli.batch.inputs import glob_files
+
+    root = tmp_path_factory.mktemp("glob")
+    for folders, name in tree:
+        root.joinpath(*folders).mkdir(parents=True, exist_ok=True)
+        root.joinpath(*folders, name).write_bytes(b"x")
+    pattern = str(root.joinpath(*parts))
+    expected = sorted({m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)})  # each once
+    assert glob_files(pattern) == expected
+
+
 def test_output_outside_the_folder_is_refused(tmp_path):
     with pytest.raises(OutputError):
         check_inside(tmp_path / "out", tmp_path / "out" / ".." / "escape.txt")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import stat
+import struct
 import subprocess
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -79,9 +84,12 @@ def _decode_args(
     if live:
         in_kwargs |= {"probesize": 32768, "analyzeduration": 0}
     out_kwargs = {"flush_packets": 1} if live else {}
+    # mono stays mono and anything wider becomes stereo, which to_mono downmixes as ffmpeg's -ac 1
+    # would, to the bit, unless the channels cancel; the WAV header says which ffmpeg chose
     stream = ffmpeg.input(source, **in_kwargs).output(
-        "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **out_kwargs
-    )
+        "pipe:", format="wav", acodec="pcm_f32le", ar=SAMPLE_RATE, af="aformat=channel_layouts=mono|stereo",
+        **out_kwargs,
+    )  # fmt: skip
     global_args = ["-hide_banner", "-nostats", "-v", "level+info"]
     if source != "pipe:0":
         global_args.insert(0, "-nostdin")
@@ -169,7 +177,7 @@ class FFmpegLog:
         )
 
 
-def _check_readable(path: Path) -> None:
+def _check_readable(path: Path) -> os.stat_result:
     try:
         st = os.stat(path)
     except PermissionError:
@@ -180,8 +188,9 @@ def _check_readable(path: Path) -> None:
         raise InputError("is a directory")
     if not os.access(path, os.R_OK):
         raise InputError("permission denied")
-    if st.st_size == 0:
+    if stat.S_ISREG(st.st_mode) and st.st_size == 0:  # a pipe or a device says 0 and has audio to read
         raise AudioDecodeError("empty file")
+    return st
 
 
 @dataclass
@@ -203,16 +212,19 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
         check=False,
     )
     log = FFmpegLog.parse(proc.stderr.decode("utf-8", "replace"))
-    out = proc.stdout[: len(proc.stdout) - len(proc.stdout) % 4]
-    samples = np.frombuffer(out, np.float32)
+    out = io.BytesIO(proc.stdout)
+    channels = read_wav_header(out)
+    samples = to_mono(out.read(), channels) if channels else np.zeros(0, np.float32)
     if samples.size == 0:
         raise AudioDecodeError(log.reason(source))
-    return DecodedAudio(samples.copy(), log.warning(samples.size / SAMPLE_RATE, source))
+    return DecodedAudio(samples, log.warning(samples.size / SAMPLE_RATE, source))
 
 
 def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
     p = Path(path)
-    _check_readable(p)
+    if not stat.S_ISREG(_check_readable(p).st_mode):  # a FIFO, or <(...)'s /dev/fd/N that only we hold
+        with open(p, "rb") as pipe:
+            return decode_bytes(pipe.read())
     source = os.path.abspath(p)  # an absolute name can never read as an ffmpeg option
     return _run_decoder(_decode_args(source), source, None)
 
@@ -257,14 +269,16 @@ class AudioStream:
         input_format: str | None = None, feed: Iterable[bytes] | None = None,
     ) -> None:  # fmt: skip
         self.feed = feed
+        self.pipe_from: str | None = None  # a FIFO or /dev/fd/N: opened here, read by ffmpeg on its stdin
         if feed is not None:
             path = "pipe:0"
         if input_format or str(path) == "pipe:0" or is_url(str(path)):
             self.source = str(path)
         else:
             p = Path(path)
-            _check_readable(p)
             self.source = os.path.abspath(p)
+            if not stat.S_ISREG(_check_readable(p).st_mode):  # <(...)'s /dev/fd/N is not ffmpeg's to open
+                self.pipe_from, self.source = self.source, "pipe:0"
         self.live, self.input_format = live, input_format
         self.chunk_bytes = int((LIVE_CHUNK_SECONDS if live else chunk_seconds) * SAMPLE_RATE) * 4
         self.warning: str | None = None
@@ -284,12 +298,13 @@ class AudioStream:
 
     def _spawn(self) -> subprocess.Popen:
         stdin = None if self.source == "pipe:0" else subprocess.DEVNULL  # pipe:0: ffmpeg reads ours
-        proc = subprocess.Popen(
-            _decode_args(self.source, input_format=self.input_format, live=self.live),
-            stdin=subprocess.PIPE if self.feed is not None else stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        with open(self.pipe_from, "rb") if self.pipe_from else nullcontext(stdin) as stdin:
+            proc = subprocess.Popen(
+                _decode_args(self.source, input_format=self.input_format, live=self.live),
+                stdin=subprocess.PIPE if self.feed is not None else stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
         _widen_pipe(proc.stdout)
         if self.feed is not None:
             threading.Thread(target=_write_feed, args=(self.feed, proc.stdin), name="ffmpeg-feed", daemon=True).start()
@@ -304,13 +319,15 @@ class AudioStream:
         total, finished = 0, False
         try:
             assert proc.stdout is not None
+            channels = read_wav_header(proc.stdout)
+            frame_bytes = 4 * max(channels, 1)
             pending = b""
-            while buf := proc.stdout.read(self.chunk_bytes):
+            while channels and (buf := proc.stdout.read(self.chunk_bytes * channels)):
                 buf = pending + buf
-                usable = len(buf) - len(buf) % 4
+                usable = len(buf) - len(buf) % frame_bytes
                 pending = buf[usable:]
-                total += usable // 4
-                yield np.frombuffer(buf[:usable], np.float32).copy()
+                total += usable // frame_bytes
+                yield to_mono(buf[:usable], channels)
             finished = True
         finally:
             if not finished:  # the reader stopped early (error, interrupt): stop ffmpeg too
@@ -322,6 +339,45 @@ class AudioStream:
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))
         self.warning = log.warning(total / SAMPLE_RATE, self.source)
+
+
+CANCELLED = 0.1  # a downmix with under a tenth of its louder channel's energy: the channels cancel
+
+
+def read_wav_header(stream: BinaryIO) -> int:
+    """The channel count of the WAV ffmpeg writes, the stream left at the first sample; 0 if
+    ffmpeg wrote nothing (it failed). On a pipe the sizes are unknown: the data runs to the end."""
+    if len(head := stream.read(12)) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return 0
+    channels = 0
+    while len(chunk := stream.read(8)) == 8:
+        kind, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if kind == b"data":
+            return channels
+        body = stream.read(size + (size & 1))
+        if kind == b"fmt ":
+            channels = struct.unpack("<H", body[2:4])[0]
+    return 0
+
+
+def to_mono(data: bytes, channels: int) -> np.ndarray:
+    """float32 mono from interleaved float32 frames. Two channels are mixed as ffmpeg's -ac 1 mixes
+    them (each times 1/sqrt 2); where that mix cancels (one channel inverted), the louder channel
+    is kept instead, so that speech is not lost as silence."""
+    frames = np.frombuffer(data, np.float32).reshape(-1, channels)
+    if channels == 1:
+        return frames[:, 0].copy()
+    left, right = frames[:, 0], frames[:, 1]
+    mixed = left * STEREO_GAIN + right * STEREO_GAIN
+    louder = max(left, right, key=_energy)
+    return louder.copy() if _energy(mixed) < CANCELLED * _energy(louder) else mixed
+
+
+STEREO_GAIN = np.float32(np.sqrt(0.5))
+
+
+def _energy(samples: np.ndarray) -> float:
+    return float(np.dot(samples.astype(np.float64), samples.astype(np.float64)))
 
 
 def _write_feed(feed: Iterable[bytes], pipe) -> None:

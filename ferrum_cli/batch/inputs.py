@@ -3,6 +3,7 @@ each with the output stem it will be written under."""
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -112,10 +113,6 @@ def _stem(path: Path) -> Path:
         return path
 
 
-def _has_magic(text: str) -> bool:
-    return glob.has_magic(text)
-
-
 def _safe_relative(path: Path) -> PurePosixPath:
     """A relative output path that can only go down: no '..', no root, no empty parts."""
     parts = [p for p in PurePosixPath(path.as_posix()).parts if p.strip("/") not in ("", ".", "..")]
@@ -154,12 +151,11 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
                 raise UsageError(f"no audio or video files in directory '{item}'")
             for f in files:
                 add(f, _safe_relative(_stem(f.relative_to(path))))
-        elif os.path.lexists(path) or not _has_magic(item):
+        elif os.path.lexists(path) or not glob.has_magic(item):
             # an existing file, or a name to report as missing; never treated as a pattern
             add(path, _safe_relative(_stem(Path(path.name))))
         else:
-            matches = sorted(glob.glob(item, recursive=True))
-            matches = [m for m in matches if os.path.isfile(m)]
+            matches = glob_files(item)
             if not matches:
                 unmatched.append(item)
             base = _glob_base(item)
@@ -174,12 +170,58 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
     return _disambiguate(jobs)
 
 
+def glob_files(pattern: str) -> list[str]:
+    """The files a glob matches, as glob.glob(recursive=True) would, but each folder read once:
+    a symlinked folder is followed unless it leads back to one already read (glob.glob followed
+    '..' links without end, or 40 folders deep)."""
+    base = _glob_base(pattern)
+    rest = Path(pattern).parts[len(Path(base).parts) if base != "." else 0 :]
+    if not rest:
+        return []
+    depth = None if "**" in rest else len(rest) - 1  # a pattern without ** reads only as deep as it reaches
+    found = []
+    seen_dirs: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen_dirs:
+            dirnames[:] = []
+            continue
+        seen_dirs.add((st.st_dev, st.st_ino))
+        below = Path(os.path.relpath(dirpath, base)).parts if dirpath != base else ()
+        below = () if below == (".",) else below
+        if depth is not None and len(below) >= depth:
+            dirnames[:] = []
+        dirnames.sort()
+        for name in sorted(filenames):
+            if _matches((*below, name), rest) and os.path.isfile(os.path.join(dirpath, name)):
+                path = os.path.join(dirpath, name)
+                found.append(os.path.normpath(path) if base == "." else path)
+    return sorted(found)
+
+
+def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether a relative path's parts match a glob's parts: ** any number of folders, and a
+    name that starts with '.' only where the pattern's part does (as glob)."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return _matches(parts, rest) or (bool(parts) and not parts[0].startswith(".") and _matches(parts[1:], pattern))
+    if not parts or (parts[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _matches(parts[1:], rest)
+
+
 def _glob_base(pattern: str) -> str:
     """The folder part of a pattern before its first wildcard: outputs mirror what lies below it."""
     parts = Path(pattern).parts
     fixed = []
     for part in parts[:-1]:
-        if _has_magic(part):
+        if glob.has_magic(part):
             break
         fixed.append(part)
     return str(Path(*fixed)) if fixed else "."

@@ -8,13 +8,29 @@ import sys
 from typing import Annotated
 
 import typer
+import typer.rich_utils
 from rich.markup import escape
+from rich.table import Table
 
 from .. import __version__
 from . import describe
 from . import serve as serve_command
 from .console import err, state
 from .transcribe import EXAMPLES, transcribe
+
+
+class _WholeNamesTable(Table):
+    """The help's option tables with the name columns never shrunk: rich narrows the widest column
+    first, which cut '--temperature-increment-on-fallback' to '--temperature-increme…' at 80 columns;
+    the help text wraps instead."""
+
+    def add_row(self, *cells, **kwargs) -> None:
+        super().add_row(*cells, **kwargs)
+        for column in self.columns[:-2]:  # the names; the last two are the type and the help
+            column.no_wrap = True
+
+
+typer.rich_utils.Table = _WholeNamesTable  # typer builds each panel's table by this name (typer < 0.29)
 
 app = typer.Typer(
     pretty_exceptions_enable=False,

@@ -56,7 +56,10 @@ def _complete_devices(incomplete: str) -> list[str]:
 
 # options that `ferrum serve` takes too, defined once
 ModelOption = Annotated[
-    str, typer.Option("--model", "-m", help="Name (base, tiny.en…), .pt file or folder.", rich_help_panel=MODEL_PANEL)
+    str,
+    typer.Option(
+        "--model", "-m", help="A name (base, tiny.en, ...), a .pt file or a folder.", rich_help_panel=MODEL_PANEL
+    ),
 ]
 DeviceOption = Annotated[
     str,
@@ -107,12 +110,23 @@ def transcribe(
         ),
     ] = None,
     skip_existing: Annotated[
-        bool, typer.Option(help="Skip inputs whose outputs all exist: resumes a batch.", rich_help_panel=IO_PANEL)
+        bool,
+        typer.Option(
+            "--skip-existing",
+            show_default=False,
+            help="Skip inputs whose outputs all exist: resumes a batch.",
+            rich_help_panel=IO_PANEL,
+        ),
     ] = False,
     stdin_name: Annotated[str, typer.Option(help="Output stem for stdin.", rich_help_panel=IO_PANEL)] = "stdin",
     live: Annotated[
         bool,
-        typer.Option(help="stdin or a URL as it arrives: each line when its speech ends.", rich_help_panel=IO_PANEL),
+        typer.Option(
+            "--live",
+            show_default=False,
+            help="stdin or a URL as it arrives: each line when its speech ends.",
+            rich_help_panel=IO_PANEL,
+        ),
     ] = False,
     mic: Annotated[
         str | None,
@@ -143,7 +157,13 @@ def transcribe(
         Task, typer.Option(help="translate: English text.", rich_help_panel=DECODING_PANEL)
     ] = Task.transcribe,
     multilingual: Annotated[
-        bool, typer.Option(help="A language per stretch of speech.", rich_help_panel=DECODING_PANEL)
+        bool,
+        typer.Option(
+            "--multilingual",
+            show_default=False,
+            help="A language per stretch of speech.",
+            rich_help_panel=DECODING_PANEL,
+        ),
     ] = False,
     beam_size: Annotated[
         int | None, typer.Option(help="Beam size; greedy when unset.", min=1, rich_help_panel=DECODING_PANEL)
@@ -175,11 +195,26 @@ def transcribe(
     hotwords: Annotated[
         str | None, typer.Option(help="Names and jargon to bias towards.", rich_help_panel=DECODING_PANEL)
     ] = None,
-    condition_on_previous_text: Annotated[
-        bool, typer.Option(help="Each window primed with the last (sequential).", rich_help_panel=SEQUENTIAL_PANEL)
+    no_condition_on_previous_text: Annotated[
+        bool,
+        typer.Option(
+            "--no-condition-on-previous-text",
+            show_default=False,
+            rich_help_panel=SEQUENTIAL_PANEL,
+            help="Decode each window without the text before it (sequential).",
+        ),
+    ] = False,
+    condition_on_previous_text: Annotated[  # the default, still accepted; one name keeps the help's columns narrow
+        bool, typer.Option("--condition-on-previous-text", hidden=True)
     ] = True,
     word_timestamps: Annotated[
-        bool, typer.Option(help="Time each word; the line options need it.", rich_help_panel=SUBTITLE_PANEL)
+        bool,
+        typer.Option(
+            "--word-timestamps",
+            show_default=False,
+            help="Time each word; the line options need it.",
+            rich_help_panel=SUBTITLE_PANEL,
+        ),
     ] = False,
     vad: Annotated[
         bool, typer.Option(help="Skip silence, cut long audio at pauses.", rich_help_panel=VAD_PANEL)
@@ -209,10 +244,22 @@ def transcribe(
         int | None, typer.Option(help="Words per line.", min=1, rich_help_panel=SUBTITLE_PANEL)
     ] = None,
     highlight_words: Annotated[
-        bool, typer.Option(help="Underline each word as it is spoken.", rich_help_panel=SUBTITLE_PANEL)
+        bool,
+        typer.Option(
+            "--highlight-words",
+            show_default=False,
+            help="Underline each word as it is spoken.",
+            rich_help_panel=SUBTITLE_PANEL,
+        ),
     ] = False,
     sequential: Annotated[
-        bool, typer.Option(help="openai-whisper's own sequential loop.", rich_help_panel=SEQUENTIAL_PANEL)
+        bool,
+        typer.Option(
+            "--sequential",
+            show_default=False,
+            help="openai-whisper's own sequential loop.",
+            rich_help_panel=SEQUENTIAL_PANEL,
+        ),
     ] = False,
     batch_size: BatchSizeOption = 12,
     compute: ComputeOption = Compute.auto,
@@ -272,7 +319,7 @@ def transcribe(
         task=task.value, multilingual=multilingual, beam_size=beam_size, best_of=best_of, patience=patience,
         temperature=temperatures(temperature, temperature_increment_on_fallback),
         compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
-        no_speech_threshold=no_speech_threshold, condition_on_previous_text=condition_on_previous_text,
+        no_speech_threshold=no_speech_threshold, condition_on_previous_text=not no_condition_on_previous_text,
         initial_prompt=initial_prompt, hotwords=hotwords, word_timestamps=word_timestamps, vad=vad,
         vad_options=vad_options, sequential=sequential, batch_size=batch_size, compute=compute.value,
     )  # fmt: skip

@@ -444,7 +444,8 @@ class BatchedEngine:
                 model.is_multilingual, num_languages=model.num_languages, language=language, task=task
             )
             text = [t for piece in pieces for t in piece.tokens]
-            rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, len(window.samples) // HOP_LENGTH))
+            frames = len(window.samples) // HOP_LENGTH
+            rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, frames, language))
         bfloat16 = self.compute.encoder == "bfloat16"
         alignments = []  # a few rows a pass: the attention weights of all heads are held per layer
         for at in range(0, len(rows), ALIGN_ROWS):

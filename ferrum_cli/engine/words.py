@@ -38,6 +38,7 @@ class AlignmentRow:
     prefix: list[int]  # the start-of-transcript sequence the text was decoded after
     text_tokens: list[int]
     frames: int  # mel frames of the window's audio (100 a second)
+    language: str = "en"  # the text's language: unspaced scripts (ja, zh, th, ...) split into words by character
 
 
 def align_batch(
@@ -154,6 +155,17 @@ def _backtrace(trace: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.
     return text, time
 
 
+UNSPACED_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}  # openai-whisper's: no spaces between words
+
+
+def split_words(tokenizer, tokens: list[int], language: str) -> tuple[list[str], list[list[int]]]:
+    """openai-whisper's split into words, by the text's own language: the tokenizer's language is
+    the engine's ("en" where each input's is detected), which put a Japanese sentence in one word."""
+    if language in UNSPACED_LANGUAGES:
+        return tokenizer.split_tokens_on_unicode(tokens)
+    return tokenizer.split_tokens_on_spaces(tokens)
+
+
 def _word_timings(path, text_probs: list[float], row: AlignmentRow, tokenizer) -> list[WordTiming]:
     """The rest of openai-whisper's find_alignment: words from the path's jumps."""
     from whisper.audio import TOKENS_PER_SECOND
@@ -162,7 +174,7 @@ def _word_timings(path, text_probs: list[float], row: AlignmentRow, tokenizer) -
     if not text:
         return []
     text_indices, time_indices = path
-    words, word_tokens = tokenizer.split_to_word_tokens(text + [tokenizer.eot])
+    words, word_tokens = split_words(tokenizer, text + [tokenizer.eot], row.language)
     if len(word_tokens) <= 1:
         return []
     boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
