@@ -24,6 +24,7 @@ from .transcribe import (
 )
 
 SERVER_PANEL = "Server"
+HEADER_SECONDS = 15.0  # for a request's headers to arrive
 LIMITS_PANEL = "Limits"
 
 EXAMPLES = """
@@ -71,6 +72,20 @@ def serve(
     max_upload_mb: Annotated[
         float, typer.Option(help="Largest upload, in MB, before 413.", min=0.001, rich_help_panel=LIMITS_PANEL)
     ] = 25.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            help="Open connections; past it the slowest waiting one is dropped.", min=1, rich_help_panel=LIMITS_PANEL
+        ),
+    ] = 500,  # fmt: skip
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            help=f"Seconds for a request to arrive whole (its headers: {HEADER_SECONDS:.0f} at most), else 408.",
+            min=0.1,
+            rich_help_panel=LIMITS_PANEL,
+        ),
+    ] = 300.0,  # fmt: skip
     model: ModelOption = "base",
     device: DeviceOption = "auto",
     dtype: DtypeOption = Dtype.auto,
@@ -104,10 +119,18 @@ def serve(
         fatal.append(exc)
         server.should_exit = True
 
+    from ..server.guard import BACKLOG, connection_limit, guarded_protocol
+
     _log_like_uvicorn()
+    connections = connection_limit(max_connections)
+    if connections < max_connections:
+        logging.getLogger("ferrum.server").warning(
+            "at most %d connections: the process may open few files", connections
+        )
+    protocol = guarded_protocol(connections, min(HEADER_SECONDS, request_timeout), request_timeout)
     config = uvicorn.Config(
         create_app(settings, on_fatal), host=host, port=port, log_level="info", timeout_graceful_shutdown=grace,
-        lifespan="on", server_header=False,
+        lifespan="on", server_header=False, http=protocol, backlog=BACKLOG,
     )  # fmt: skip
     server = uvicorn.Server(config)
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn re-raises the signal it shut down on, to these
@@ -120,8 +143,14 @@ def serve(
 
 
 def _log_like_uvicorn() -> None:
-    """The server's own lines in uvicorn's format, on stderr; tracebacks only at DEBUG."""
+    """The server's own lines in uvicorn's format, on stderr; tracebacks only at DEBUG. No logger
+    repeats one message more than a few times in 10 s."""
     from uvicorn.logging import DefaultFormatter
+
+    from ..server.guard import RateLimitedLog
+
+    for name in ("asyncio", "uvicorn.error", "ferrum.server", "ferrum.engine"):  # not the access log: a line a request
+        logging.getLogger(name).addFilter(RateLimitedLog())
 
     handler = logging.StreamHandler()
     handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
