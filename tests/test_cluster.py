@@ -139,6 +139,48 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
     assert len(list(out.glob("*.json"))) == 36
 
 
+@needs_corpus
+def test_workers_that_stop_answering_end_the_run_in_bounded_time_and_skip_existing_resumes(cluster, tmp_path):
+    """A run whose head node went down waited 30 minutes and more. Here every worker is frozen
+    (SIGSTOP) mid-run: the cluster is up, the workers hold their CPUs, and nothing comes back."""
+    folder = tmp_path / "talks"
+    folder.mkdir()
+    for copy in range(3):
+        for clip in clips("en"):
+            shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")
+    out = tmp_path / "out"
+    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "--cluster", cluster]
+    env = {**os.environ, "FERRUM_CLUSTER_STALL_SECONDS": "5"}
+    driver = subprocess.Popen(
+        [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.monotonic() + 180
+    while not (out.exists() and list(out.glob("*.json"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    frozen = worker_pids()
+    assert frozen, "no worker started"
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert driver.returncode == 1, stderr
+    assert "the cluster stopped answering" in stderr and "Traceback" not in stderr
+    finished = {p.stem for p in out.glob("*.json")}
+    assert finished and {p.stem for p in out.glob("*.txt")} == finished and not list(out.glob(".*"))
+    deadline = time.monotonic() + 30
+    while worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    resumed = run_ferrum("transcribe", *args, "--skip-existing")
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary_counts(resumed.stderr) == (36 - len(finished), len(finished), 0)
+
+
 def test_workers_without_a_cluster_is_a_usage_error():
     proc = run_ferrum("transcribe", "x.wav", "--workers", "2")
     assert proc.returncode == 2 and "--workers needs --cluster" in proc.stderr

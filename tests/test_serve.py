@@ -303,7 +303,8 @@ def test_audio_longer_than_the_queue_is_413_and_a_full_queue_429(small_server, t
     assert statuses[0] == 200 and statuses[-1] == 429, statuses
     busy = next(r for r in answers if r.status_code == 429)
     assert_openai_error(busy, 429)
-    assert int(busy.headers["Retry-After"]) >= 1
+    # the time until a 7 s clip fits, from the throughput measured: the whole burst took seconds
+    assert 1 <= int(busy.headers["Retry-After"]) <= 10, busy.headers["Retry-After"]
     assert post(small_server, key=None, files={"file": ("a.wav", speech)}).status_code == 200  # the queue drained
 
 

@@ -34,6 +34,9 @@ WAIT_SECONDS = 1.0
 CONNECT_SECONDS = 60.0
 REACH_SECONDS = 5.0  # for the cluster's port to take a TCP connection
 START_SECONDS = 300.0  # for the first worker to load its model
+STALL_SECONDS = 120.0  # with nothing finished for this long, the workers are asked whether they still answer
+ANSWER_SECONDS = 15.0  # for a worker to answer that (or what it can read)
+SHUTDOWN_SECONDS = 15.0  # for Ray to let go; a cluster that stopped answering may never
 
 
 @dataclass(frozen=True)
@@ -246,8 +249,30 @@ class Workers:
         if actor in self.actors:
             self.actors.remove(actor)
             self._start()
+            try:
+                self.ray.kill(actor)  # a silent one still holds its CPUs
+            except Exception:  # already gone
+                pass
         self.in_flight.pop(actor, None)
         self.shared.pop(actor, None)
+
+    def answering(self) -> bool:
+        """Whether any worker answers within ANSWER_SECONDS: a long file keeps its worker busy,
+        but a worker (a threaded actor) answers while it transcribes unless it, or its node, is gone."""
+        if not self.actors:
+            return False
+        from ray.exceptions import RayError
+
+        waiting = [actor.ready.remote() for actor in self.actors]
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            answered, waiting = self.ray.wait(waiting, num_returns=1, timeout=left)
+            for ref in answered:  # a lost worker's ping comes back too, as its error
+                try:
+                    return self.ray.get(ref)
+                except RayError:
+                    pass
+        return False
 
     def free(self) -> list:
         return [a for a in self.actors if self.in_flight.get(a, 0) < IN_FLIGHT]
@@ -284,19 +309,43 @@ def run_cluster(
         workers.wait_first()
         _drive(ray, workers, deque(outputs), outputs, plan, events, summary)
     finally:
-        if workers is not None:
-            workers.stop()
-        ray.shutdown()
+        _let_go(ray, workers)
     return summary
 
 
+def _let_go(ray, workers: Workers | None) -> None:
+    """Stop the workers and disconnect, for at most SHUTDOWN_SECONDS: a cluster whose head is gone
+    may never answer, and the run has ended either way."""
+
+    def stop() -> None:
+        if workers is not None:
+            workers.stop()
+        ray.shutdown()
+
+    stopping = threading.Thread(target=stop, name="ray-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(SHUTDOWN_SECONDS)
+
+
 def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, events, summary) -> None:
-    from ray.exceptions import RayActorError, RayTaskError
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
     tasks: dict[object, tuple[object, Job]] = {}  # ref -> (actor, job)
     losses: dict[Job, int] = {}
+    stall = float(os.environ.get("FERRUM_CLUSTER_STALL_SECONDS", STALL_SECONDS))
+    progress = time.monotonic()  # when a file last came back or a worker last started
     while queue or tasks:
+        started = len(workers.actors)
         workers.take_started()
+        if len(workers.actors) > started:
+            progress = time.monotonic()
+        if time.monotonic() - progress > stall:
+            if not workers.answering():
+                raise ClusterError(
+                    f"the cluster stopped answering: nothing came back for {stall:.0f} s and no worker answers; "
+                    "finished outputs are kept (--skip-existing resumes)"
+                )
+            progress = time.monotonic()  # busy with long files
         if not workers.actors and not workers.starting:
             raise ClusterError(f"every worker was lost and none could start again: {workers.cause}")
         for actor in workers.free():
@@ -307,7 +356,7 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
                 except FerrumError as exc:  # stdin could not be read
                     fail_job(job, exc.message, events, summary)
                     continue
-                except RayActorError:  # lost as it was asked what it can read
+                except (RayActorError, GetTimeoutError):  # lost, or silent, as it was asked what it can read
                     workers.replace(actor)
                     queue.appendleft(job)
                     break
@@ -317,6 +366,8 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
             workers.take_started(WAIT_SECONDS)
             continue
         ready, _ = ray.wait(list(tasks), num_returns=1, timeout=WAIT_SECONDS)
+        if ready:
+            progress = time.monotonic()
         for ref in ready:
             actor, job = tasks.pop(ref)
             workers.in_flight[actor] = workers.in_flight.get(actor, 1) - 1
@@ -342,7 +393,9 @@ def _payload(ray, workers: Workers, actor, job: Job):
         return read_stdin()
     if actor not in workers.shared:
         size = Path(job.source).stat().st_size
-        workers.shared[actor] = ray.get(actor.can_read.remote(os.path.abspath(job.source), size))
+        workers.shared[actor] = ray.get(
+            actor.can_read.remote(os.path.abspath(job.source), size), timeout=ANSWER_SECONDS
+        )
     if workers.shared[actor]:
         return os.path.abspath(job.source)
     return Path(job.source).read_bytes()

@@ -151,6 +151,7 @@ def _log_like_uvicorn() -> None:
 
     for name in ("asyncio", "uvicorn.error", "ferrum.server", "ferrum.engine"):  # not the access log: a line a request
         logging.getLogger(name).addFilter(RateLimitedLog())
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a line per malformed body, each answered 400
 
     handler = logging.StreamHandler()
     handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))

@@ -143,7 +143,7 @@ class RateLimitedLog(logging.Filter):
     """At most `burst` records of one message template per `window` seconds; the next one let
     through says how many were dropped. A flood of refused connections once wrote 660 MB in 80 s."""
 
-    def __init__(self, burst: int = 5, window: float = 10.0) -> None:
+    def __init__(self, burst: int = 20, window: float = 10.0) -> None:
         super().__init__()
         self.burst, self.window = burst, window
         self._seen: dict[str, tuple[float, int, int]] = {}  # template -> (window start, let through, dropped)
