@@ -1,4 +1,5 @@
-"""Output writers: openai-whisper's txt, srt, vtt, tsv and json, plus jsonl; all written atomically."""
+"""Output writers, one table of them (WRITERS): txt, openai-whisper's srt, vtt and tsv, json and
+jsonl; each knows its media type and whether it streams. All are written atomically."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import io
 import json
 import math
 import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
 
@@ -13,22 +16,29 @@ from .errors import OutputError, UsageError
 from .platform.files import atomic_write_bytes
 from .results import Segment, Transcription
 
-FORMATS = ("txt", "srt", "vtt", "json", "tsv", "jsonl")
+
+@dataclass(frozen=True)
+class SubtitleLayout:
+    """How srt and vtt cues are cut into lines (openai-whisper's options); each needs word times."""
+
+    max_line_width: int | None = None  # characters in a line
+    max_line_count: int | None = None  # lines in a cue
+    max_words_per_line: int | None = None
+    highlight_words: bool = False  # underline each word as it is spoken
+
+    def given(self) -> list[str]:
+        """The options set, as the CLI names them."""
+        return ["--" + f.name.replace("_", "-") for f in fields(self) if getattr(self, f.name) not in (None, False)]
 
 
-def parse_formats(values: list[str]) -> list[str]:
-    """Repeatable and comma-separated; 'all' means every format."""
-    out: list[str] = []
-    for value in values:
-        for item in value.split(","):
-            item = item.strip().lower()
-            if item == "all":
-                out.extend(FORMATS)
-            elif item in FORMATS:
-                out.append(item)
-            elif item:
-                raise UsageError(f"unknown output format {item!r}; choose from {', '.join(FORMATS)} or all")
-    return list(dict.fromkeys(out)) or ["txt"]
+@dataclass(frozen=True)
+class Writer:
+    """One output format: what it writes, and how it is served."""
+
+    name: str  # the -f name and the file's extension
+    media_type: str  # its HTTP Content-Type
+    streams: bool  # a line per segment: it can be written out as segments are decoded
+    write: Callable[[Transcription, SubtitleLayout], str]
 
 
 def strict_json(value, **kwargs) -> str:
@@ -52,22 +62,68 @@ def segment_json(segment: Segment, language: str | None = None) -> str:
     return strict_json(record)
 
 
-def render(result: Transcription, fmt: str, layout: dict | None = None) -> str:
-    """The text of one format. layout: max_line_width, max_line_count, max_words_per_line, highlight_words."""
-    if fmt == "jsonl":
-        return "".join(segment_json(s, result.language) + "\n" for s in result.segments)
-    if fmt == "json":
-        return strict_json(result.to_dict()) + "\n"
-    if fmt == "txt":
-        return "".join(s.text.strip() + "\n" for s in result.segments)
-    from whisper.utils import WriteSRT, WriteTSV, WriteVTT
+def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str:
+    """One segment in a format that streams (WRITERS[fmt].streams), as it is decoded."""
+    return segment_json(segment, language) + "\n" if fmt == "jsonl" else segment.text.strip() + "\n"
 
-    writer_cls = {"srt": WriteSRT, "vtt": WriteVTT, "tsv": WriteTSV}[fmt]
-    buffer: IO[str] = io.StringIO()
-    options = {"max_line_width": None, "max_line_count": None, "highlight_words": False, "max_words_per_line": None}
-    options.update({k: v for k, v in (layout or {}).items() if v is not None})
-    writer_cls(".").write_result(result.to_dict(), buffer, options)
-    return buffer.getvalue()
+
+def _txt(result: Transcription, layout: SubtitleLayout) -> str:
+    return "".join(segment_line(s, "txt") for s in result.segments)
+
+
+def _jsonl(result: Transcription, layout: SubtitleLayout) -> str:
+    return "".join(segment_line(s, "jsonl", result.language) for s in result.segments)
+
+
+def _json(result: Transcription, layout: SubtitleLayout) -> str:
+    return strict_json(result.to_dict()) + "\n"
+
+
+def _openai_whisper(writer: str) -> Callable[[Transcription, SubtitleLayout], str]:
+    """openai-whisper's own srt, vtt or tsv writer."""
+
+    def write(result: Transcription, layout: SubtitleLayout) -> str:
+        from whisper import utils
+
+        buffer: IO[str] = io.StringIO()
+        getattr(utils, writer)(".").write_result(result.to_dict(), buffer, asdict(layout))
+        return buffer.getvalue()
+
+    return write
+
+
+WRITERS: dict[str, Writer] = {
+    writer.name: writer
+    for writer in (
+        Writer("txt", "text/plain; charset=utf-8", True, _txt),
+        Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT")),
+        Writer("vtt", "text/vtt; charset=utf-8", False, _openai_whisper("WriteVTT")),
+        Writer("json", "application/json", False, _json),
+        Writer("tsv", "text/tab-separated-values; charset=utf-8", False, _openai_whisper("WriteTSV")),
+        Writer("jsonl", "application/x-ndjson", True, _jsonl),
+    )
+}
+FORMATS = tuple(WRITERS)  # the one list of output formats
+
+
+def parse_formats(values: list[str]) -> list[str]:
+    """Repeatable and comma-separated; 'all' means every format."""
+    out: list[str] = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip().lower()
+            if item == "all":
+                out.extend(FORMATS)
+            elif item in FORMATS:
+                out.append(item)
+            elif item:
+                raise UsageError(f"unknown output format {item!r}; choose from {', '.join(FORMATS)} or all")
+    return list(dict.fromkeys(out)) or ["txt"]
+
+
+def render(result: Transcription, fmt: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
+    """The text of one format."""
+    return WRITERS[fmt].write(result, layout)
 
 
 def output_paths(output_dir: Path, relative: os.PathLike[str] | str, formats: list[str]) -> dict[str, Path]:

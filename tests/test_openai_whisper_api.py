@@ -39,3 +39,17 @@ def test_pieces_the_decoder_and_tokenizer_reuse():
     assert _parameters(decoding.PyTorchInference.__init__) == ["self", "model", "initial_token_length"]
     # the tokenizer's non-speech list is cached per instance: ferrum fills the cache from its own
     assert isinstance(inspect.getattr_static(Tokenizer, "non_speech_tokens"), functools.cached_property)
+
+
+def test_the_language_table_read_without_torch_is_openai_whispers():
+    """ferrum_cli.languages reads whisper/tokenizer.py's source, so that checking -l needs no torch."""
+    import subprocess
+    import sys
+
+    from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    from ferrum_cli.languages import languages
+
+    assert languages() == (LANGUAGES, TO_LANGUAGE_CODE)
+    check = "import sys; from ferrum_cli.languages import language_code; language_code('German'); print(sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.count("'torch") == 0

@@ -17,14 +17,12 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ClusterError, FerrumError, UsageError
-from ..platform.cpu import Background
 from .inputs import Job
 from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run, read_stdin
 
@@ -285,26 +283,17 @@ class Workers:
                 pass
 
 
-def run_cluster(
-    plan: BatchPlan, events: BatchEvents, summary: BatchSummary, settings: ClusterSettings,
-    prepare: Callable[[BatchPlan], BatchPlan] = lambda plan: plan,
-) -> BatchSummary:  # fmt: skip
+def run_cluster(plan: BatchPlan, events: BatchEvents, summary: BatchSummary, settings: ClusterSettings) -> BatchSummary:
     """Transcribe every job that needs it on the cluster's workers; outputs are written here as
-    each file comes back, so an interruption keeps every finished one.
-
-    prepare(plan) (the CLI's language check, which imports torch) runs on a thread while Ray
-    starts; its error ends the run before any worker starts.
-    """
+    each file comes back, so an interruption keeps every finished one."""
     if plan.live:
         raise UsageError("--cluster transcribes files; --live and --mic run on this machine")
     outputs = dict(jobs_to_run(plan, events, summary))
     if not outputs:
         return summary
-    preparing = Background(lambda: prepare(plan), "ferrum-prepare")
     ray = connect(settings.address)
     workers = None
     try:
-        plan = preparing.result()
         workers = Workers(ray, settings, worker_count(ray, settings))
         workers.wait_first()
         _drive(ray, workers, deque(outputs), outputs, plan, events, summary)

@@ -16,7 +16,7 @@ from ..audio.ffmpeg import AudioStream, stream_file
 from ..errors import FerrumError, InputError, OutputError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
-from ..writers import check_inside, output_paths, render, write_atomic
+from ..writers import SubtitleLayout, check_inside, output_paths, render, write_atomic
 from .inputs import Job
 
 
@@ -59,7 +59,7 @@ class BatchPlan:
     options: TranscribeOptions
     formats: list[str]  # of the writers, in the order given
     output_dir: Path | None = None  # None: results go to the caller's on_result
-    layout: dict = field(default_factory=dict)  # subtitle line options: max_line_width, max_line_count, ...
+    layout: SubtitleLayout = SubtitleLayout()  # how srt and vtt cues are cut into lines
     skip_existing: bool = False  # inputs whose outputs all exist are skipped
     live: bool = False  # stdin, URLs and devices are read as they come, each stretch decoded when it ends
 

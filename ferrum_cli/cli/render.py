@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..writers import strict_json
+from ..writers import WRITERS, SubtitleLayout, render, segment_line, strict_json
 from .console import err
 
 
@@ -60,14 +60,14 @@ class TranscribeView:
     rest on stderr. The no-speech warning shows even with -q: it is the one line that warns of lost data."""
 
     def __init__(
-        self, formats: list[str], layout: dict, to_stdout: bool, several: bool, quiet: bool, verbose: bool,
-        live: bool = False,
+        self, formats: list[str], layout: SubtitleLayout, to_stdout: bool, several: bool, quiet: bool,
+        verbose: bool, live: bool = False,
     ):  # fmt: skip
         self.formats, self.layout, self.to_stdout, self.several = formats, layout, to_stdout, several
         self.quiet, self.verbose = quiet, verbose
-        # each segment as it is decoded, flushed: jsonl alone, or live txt and jsonl
-        streamable = ("txt", "jsonl") if live else ("jsonl",) if formats == ["jsonl"] else ()
-        self.streamed = [f for f in formats if f in streamable] if to_stdout and not several else []
+        # each segment as it is decoded, flushed: live, every format that streams; else jsonl alone
+        streams = [f for f in formats if WRITERS[f].streams] if live else ["jsonl"] if formats == ["jsonl"] else []
+        self.streamed = streams if to_stdout and not several else []
         self.report_language = True
         self.progress: FileProgress | None = None
 
@@ -89,8 +89,6 @@ class TranscribeView:
         )
 
     def on_result(self, job, result) -> None:
-        from ..writers import render
-
         if self.to_stdout:
             if self.several:
                 sys.stdout.write(f"==> {job.display} <==\n")
@@ -106,10 +104,8 @@ class TranscribeView:
             self.progress.advance_file(result.duration)
 
     def on_segment(self, job, segment) -> None:
-        from ..writers import segment_json
-
         for fmt in self.streamed:
-            sys.stdout.write(segment_json(segment) + "\n" if fmt == "jsonl" else segment.text.strip() + "\n")
+            sys.stdout.write(segment_line(segment, fmt))
         if self.streamed:
             sys.stdout.flush()
         if self.verbose and not self.quiet:

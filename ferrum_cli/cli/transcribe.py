@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ import typer
 
 from ..errors import UsageError
 from ..options import MAX_BATCH_SIZE, temperatures
+from ..writers import FORMATS
 from .console import Interrupted, call, err, fail, on_signal, state
 
 IO_PANEL = "Input and output"
@@ -24,7 +24,7 @@ VAD_PANEL = "Voice activity detection"
 SUBTITLE_PANEL = "Word times and subtitles"
 SPEED_PANEL = "Performance"
 CLUSTER_PANEL = "Cluster (Ray)"
-FORMAT_CHOICES = ("txt", "srt", "vtt", "json", "tsv", "jsonl", "all")  # writers.FORMATS and all
+FORMAT_CHOICES = (*FORMATS, "all")
 
 
 class Task(str, Enum):
@@ -282,17 +282,16 @@ def transcribe(
     from ..batch.inputs import expand
     from ..batch.runner import BatchPlan, BatchSummary, is_complete, outputs_for
     from ..engine.encoder import check_compute
-    from ..engine.language import language_code
+    from ..languages import language_code
     from ..options import TranscribeOptions, VadOptions
     from ..weights.cache import start_verifying
-    from ..writers import ensure_writable_dir, parse_formats
+    from ..writers import SubtitleLayout, ensure_writable_dir, parse_formats
     from .render import TranscribeView
 
     start_verifying(model)  # on another thread, while the rest starts
     call(check_compute, compute.value)
     formats = call(parse_formats, output_format)
-    layout = {"max_line_width": max_line_width, "max_line_count": max_line_count}
-    layout |= {"max_words_per_line": max_words_per_line, "highlight_words": highlight_words}
+    layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
     _check_subtitle_options(layout, word_timestamps)
     jobs = call(expand, inputs, stdin_name) if mic is not None and inputs else []
     if mic is None:
@@ -304,8 +303,6 @@ def transcribe(
         live = True
     if live:
         _check_live(jobs, vad, sequential or (beam_size or 1) > 1)
-    if cluster is not None and live:
-        fail(UsageError("--cluster transcribes files; --live and --mic run on this machine"))
     if workers is not None and cluster is None:
         fail(UsageError("--workers needs --cluster"))
     if output_dir is not None:
@@ -315,7 +312,7 @@ def transcribe(
         min_silence_duration_ms=vad_min_silence_ms, speech_pad_ms=vad_speech_pad_ms,
     )  # fmt: skip
     options = TranscribeOptions(
-        language=None,  # checked once ffmpeg runs: openai-whisper's language table imports torch
+        language=call(language_code, language),
         task=task.value, multilingual=multilingual, beam_size=beam_size, best_of=best_of, patience=patience,
         temperature=temperatures(temperature, temperature_increment_on_fallback),
         compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
@@ -325,10 +322,9 @@ def transcribe(
     )  # fmt: skip
     plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing, live)
     view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose, live)
-    view.report_language = language_code_is_auto(language)
+    view.report_language = options.language is None  # detected: say which it was
     signal.signal(signal.SIGTERM, on_signal)
     if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
-        call(language_code, language)  # a bad option is an error even with nothing left to do
         view.finish(BatchSummary(skipped=len(jobs)))
         return
     settings = None
@@ -336,11 +332,7 @@ def transcribe(
         from ..batch.cluster import ClusterSettings
 
         settings = ClusterSettings(cluster.strip(), workers, model, device, dtype.value, threads)
-    _run(plan, view, language, model, device, dtype.value, threads, settings)
-
-
-def language_code_is_auto(language: str) -> bool:
-    return language.strip().lower() in ("auto", "")
+    _run(plan, view, model, device, dtype.value, threads, settings)
 
 
 def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
@@ -362,25 +354,19 @@ def _check_live(jobs, vad: bool, sequential: bool) -> None:
         fail(UsageError("--live runs in the batched engine: drop --sequential and --beam-size"))
 
 
-def _check_subtitle_options(layout: dict, word_timestamps: bool) -> None:
+def _check_subtitle_options(layout, word_timestamps: bool) -> None:
     """openai-whisper's writers lay subtitle lines out from word times: without them the options would do nothing."""
-    given = [name for name, value in layout.items() if value not in (None, False)]
-    if given and not word_timestamps:
-        flag = "--" + given[0].replace("_", "-")
-        fail(UsageError(f"{flag} needs --word-timestamps: subtitle lines are laid out from word times"))
+    if (given := layout.given()) and not word_timestamps:
+        fail(UsageError(f"{given[0]} needs --word-timestamps: subtitle lines are laid out from word times"))
 
 
-def _run(plan, view, language: str, model: str, device: str, dtype: str, threads: int | None, cluster=None) -> None:
+def _run(plan, view, model: str, device: str, dtype: str, threads: int | None, cluster=None) -> None:
     """Load the model (ffmpeg starts on the first inputs meanwhile), or hand the batch to the
     cluster's workers, run it, and end with the summary and the exit code: 1 if an input failed,
     130/143 when interrupted."""
     from ..batch.runner import BatchSummary, run_batch, start_decoding
-    from ..engine.language import language_code
 
     summary = BatchSummary()
-
-    def with_language(plan):
-        return replace(plan, options=replace(plan.options, language=call(language_code, language)))
 
     def start_progress() -> None:
         view.show_progress(len(plan.jobs))
@@ -392,10 +378,9 @@ def _run(plan, view, language: str, model: str, device: str, dtype: str, threads
             from ..batch.cluster import run_cluster
 
             start_progress()
-            call(run_cluster, plan, view.events(), summary, cluster, with_language)
+            call(run_cluster, plan, view.events(), summary, cluster)
         else:
             with start_decoding(plan) as started:
-                plan = with_language(plan)
                 executor = _load_executor(model, device, dtype, threads)
                 call(executor.check_options, plan.options)
                 start_progress()

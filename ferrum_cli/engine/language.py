@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import UsageError
 from .encoder import encode_windows
 from .tokenizer import get_tokenizer
 
@@ -15,19 +14,6 @@ if TYPE_CHECKING:
 
 AUDIBLE_RANGE = 10 ** (-40 / 20)  # a window this far under the loudest one is taken for silence
 PROBES = 3  # windows whose language probabilities are averaged
-
-
-def language_code(language: str) -> str | None:
-    """openai-whisper's code for a language given by code or English name; None for "auto"."""
-    from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
-
-    name = language.strip().lower()
-    if name in ("auto", ""):
-        return None
-    code = TO_LANGUAGE_CODE.get(name, name)
-    if code not in LANGUAGES:
-        raise UsageError(f"unknown language {language!r}")
-    return code
 
 
 def loudness(samples: np.ndarray) -> float:

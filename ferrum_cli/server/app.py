@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from ..engine.service import Ticket
 from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
+from ..languages import language_code
 from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
 from ..results import Transcription
 from .gate import Gate
@@ -184,8 +185,6 @@ class Server:
             )
 
     def options_for(self, task, language, prompt, temperature, words) -> TranscribeOptions:
-        from ..engine.language import language_code
-
         try:
             code = language_code(language) if language else None
         except UsageError as exc:

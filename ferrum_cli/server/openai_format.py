@@ -12,17 +12,18 @@ from ..errors import (
     TooLargeError,
     UsageError,
 )
+from ..languages import language_name
 from ..results import Segment, Transcription
-from ..writers import render, strict_json
+from ..writers import WRITERS, render, strict_json
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
-MEDIA_TYPES = {
-    "json": "application/json",
-    "verbose_json": "application/json",
-    "text": "text/plain; charset=utf-8",
-    "srt": "application/x-subrip; charset=utf-8",
-    "vtt": "text/vtt; charset=utf-8",
+MEDIA_TYPES = {  # OpenAI's names for the writers'
+    "json": WRITERS["json"].media_type,
+    "verbose_json": WRITERS["json"].media_type,
+    "text": WRITERS["txt"].media_type,
+    "srt": WRITERS["srt"].media_type,
+    "vtt": WRITERS["vtt"].media_type,
 }
 
 
@@ -57,13 +58,6 @@ class APIError(Exception):
         if isinstance(exc, ServiceError):
             return cls(503, exc.message, "server_error", code="unavailable")
         return cls(500, exc.message, "server_error")
-
-
-def language_name(code: str) -> str:
-    """OpenAI names the language in verbose_json ("english"), not its code."""
-    from whisper.tokenizer import LANGUAGES
-
-    return LANGUAGES.get(code, code)
 
 
 def segment_object(segment: Segment) -> dict:
