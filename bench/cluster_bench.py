@@ -105,7 +105,7 @@ if __name__ == "__main__":
     from rich.console import Console
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_bench import build_audio, ferrum_command
+    from common import build_audio, ferrum_command
 
     with tempfile.TemporaryDirectory() as work:
         audio = build_audio(Path(work))

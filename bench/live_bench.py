@@ -145,7 +145,7 @@ if __name__ == "__main__":
     from rich.console import Console
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_bench import CORPUS, english_rows, ferrum_command, joined, wer, write_wav
+    from common import CORPUS, english_rows, ferrum_command, joined, wer, write_wav
 
     from ferrum_cli.audio.ffmpeg import decode_file
 

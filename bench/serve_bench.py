@@ -179,7 +179,7 @@ if __name__ == "__main__":
     from rich.console import Console
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_bench import CORPUS, english_rows
+    from common import CORPUS, english_rows
 
     paths = [str(CORPUS / r["file"]) for r in english_rows()]
 

@@ -82,7 +82,7 @@ class TranscriptionWorker:
             with self.lock:
                 ((_, result),) = self.executor.transcribe_many([(0, source)], options)
             return result
-        from ..engine.service import Ticket
+        from .. import Ticket
         from ..executor import audio_opener
 
         with self.lock:

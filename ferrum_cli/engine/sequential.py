@@ -1,5 +1,5 @@
 """The sequential engine: openai-whisper's own transcribe() loop, exactly, on our model. It
-serves word timestamps, beam search and `--sequential`.
+serves beam search, sampling with best_of, and `--sequential` (the batched engine times words itself).
 """
 
 from __future__ import annotations

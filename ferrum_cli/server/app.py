@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..engine.service import Ticket
+from .. import Ticket
 from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
 from ..languages import language_code
 from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures

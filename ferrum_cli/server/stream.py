@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from .. import Ticket
 from ..audio.ffmpeg import AudioStream
-from ..engine.service import Ticket
 from ..errors import FerrumError, ServiceError
 from ..writers import strict_json
 from .job import Job
