@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench lint format clean
+.PHONY: install run test test-fast bench lint format clean
 
 install: $(STAMP)
 
@@ -20,6 +20,9 @@ run: install
 
 test: install
 	$(BIN)/pytest -q
+
+test-fast: install  # without the cluster, the hour-long and the 1,000-file tests
+	$(BIN)/pytest -q -m "not slow and not cluster"
 
 bench: install
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve,cluster,bench]'

@@ -13,7 +13,7 @@ from ferrum_cli.audio.vad import speech_regions
 from ferrum_cli.engine.fallback import repetition_loop
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
-from .conftest import JFK, corpus, corpus_rows, errors_against, needs_corpus, run_ferrum, wav_bytes, words
+from .helpers import JFK, corpus, corpus_rows, errors_against, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 

@@ -11,7 +11,7 @@ import pytest
 
 from ferrum_cli.platform.cpu import int8_available
 
-from .conftest import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
+from .helpers import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
 
 pytestmark = needs_corpus
 
@@ -276,7 +276,7 @@ def test_progress_bar_on_a_terminal():
     import pty
     import subprocess
 
-    from .conftest import FERRUM
+    from .helpers import FERRUM
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FERRUM, corpus_rows, free_port, needs_corpus, run_ferrum
+from .helpers import FERRUM, corpus_rows, free_port, needs_corpus, run_ferrum
 
 ray = pytest.importorskip("ray", reason="Ray is the cluster extra (make install)")
+pytestmark = pytest.mark.cluster
 WORKER = "ray::TranscriptionWorker"
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ferrum_cli.engine.decoding import StaticCacheInference
 
-from .conftest import JFK, corpus, needs_corpus
+from .helpers import JFK, corpus, needs_corpus
 
 
 @needs_corpus

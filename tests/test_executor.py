@@ -14,7 +14,7 @@ from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
 from ferrum_cli.options import TranscribeOptions
 
-from .conftest import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
+from .helpers import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
 
 
 @needs_corpus

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import SAMPLE, wav_bytes
+from .helpers import SAMPLE, wav_bytes
 from .test_serve import RunningServer
 
 EXAMPLES = int(os.environ.get("FERRUM_FUZZ_EXAMPLES", "60"))

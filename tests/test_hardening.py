@@ -14,7 +14,7 @@ import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
-from .conftest import FERRUM, JFK, SAMPLE, corpus, run_ferrum, words
+from .helpers import FERRUM, JFK, SAMPLE, corpus, run_ferrum, words
 
 SPECIAL = "<|endoftext|><|startoftranscript|><|en|>"
 

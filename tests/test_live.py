@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import (
+from .helpers import (
     FERRUM,
     JFK,
     SAMPLE,
@@ -181,6 +181,7 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 
 @needs_corpus
+@pytest.mark.slow
 def test_memory_stays_flat_on_an_hour_of_live_audio(tmp_path):
     """An hour fed as fast as it goes (the JFK sentence once a minute) against ten minutes.
 

@@ -20,7 +20,7 @@ from ferrum_cli.weights.ct2 import read_model_bin
 from ferrum_cli.weights.packs import PACKS, pack_files, read_pack
 from ferrum_cli.weights.resolve import resolve
 
-from .conftest import JFK, corpus, needs_corpus, words
+from .helpers import JFK, corpus, needs_corpus, words
 
 BASE_PACK = next(p for p in PACKS if p.model == "base" and p.is_installed())
 

@@ -14,7 +14,7 @@ from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.audio.level import NORMAL_LEVEL, frame_levels, raised_for_vad, raised_spans
 from ferrum_cli.options import TranscribeOptions
 
-from .conftest import JFK, corpus, corpus_rows, errors_against, float_wav_bytes, needs_corpus, run_ferrum, wav_bytes
+from .helpers import JFK, corpus, corpus_rows, errors_against, float_wav_bytes, needs_corpus, run_ferrum, wav_bytes
 from .test_accuracy import _sentence_survives
 
 pytestmark = needs_corpus

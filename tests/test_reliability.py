@@ -14,7 +14,7 @@ import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
-from .conftest import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, wav_bytes, words
+from .helpers import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 
@@ -264,6 +264,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_a_thousand_files_one_model_load_and_flat_memory(tmp_path):
     """900 short silences and 100 speech clips: one process, memory at the end as at the start."""
     import numpy as np
@@ -348,6 +349,7 @@ def test_a_started_stream_left_unread_is_stopped(tmp_path):
     assert ffmpeg.returncode is not None  # killed and reaped, not left blocked on its full pipe
 
 
+@pytest.mark.slow
 def test_sixty_minutes_through_the_cli(tmp_path):
     """An hour, mostly silence with speech every five minutes, read as a stream and transcribed whole.
 

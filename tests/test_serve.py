@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import (
+from .helpers import (
     FERRUM,
     JFK,
     SAMPLE,
@@ -285,7 +285,7 @@ def test_audio_longer_than_the_queue_is_413_and_a_full_queue_429(small_server, t
 
     from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
-    from .conftest import wav_bytes
+    from .helpers import wav_bytes
 
     tone = 0.1 * np.sin(np.arange(16000 * 25) * 0.05)  # 25 s: more than the 20 s the queue takes
     assert_openai_error(post(small_server, key=None, files={"file": ("long.wav", wav_bytes(tone))}), 413, "file")
@@ -311,7 +311,7 @@ def test_audio_longer_than_the_queue_is_413_and_a_full_queue_429(small_server, t
 def test_a_hostile_upload_fails_only_itself(server):
     import numpy as np
 
-    from .conftest import wav_bytes
+    from .helpers import wav_bytes
 
     header = b"RIFF" + b"\xff" * 4 + b"WAVEfmt " + b"\xff" * 200  # a header that claims everything
     silence_hours = wav_bytes(np.zeros(16000, np.float32))[:40] + b"\xff\xff\xff\x7f"  # data size: 2 GB declared

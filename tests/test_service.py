@@ -14,7 +14,7 @@ from ferrum_cli.errors import ServiceError
 from ferrum_cli.options import TranscribeOptions
 from ferrum_cli.results import Transcription
 
-from .conftest import SAMPLE
+from .helpers import SAMPLE
 
 
 class Outcome:

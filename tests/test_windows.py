@@ -9,7 +9,7 @@ from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.audio.windows import plan_whole, plan_windows
 from ferrum_cli.options import VadOptions
 
-from .conftest import JFK, corpus, needs_corpus
+from .helpers import JFK, corpus, needs_corpus
 
 
 @needs_corpus

@@ -12,7 +12,7 @@ import pytest
 
 from ferrum_cli.options import TranscribeOptions
 
-from .conftest import JFK, corpus, corpus_rows, needs_corpus, run_ferrum
+from .helpers import JFK, corpus, corpus_rows, needs_corpus, run_ferrum
 
 pytestmark = needs_corpus
 

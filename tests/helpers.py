@@ -1,0 +1,139 @@
+"""What the tests share: the corpus in ../shared, the real `ferrum` executable, audio built in
+code, and word error counts."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpus"
+SAMPLE = ROOT / "samples" / "librivox_sense_and_sensibility.wav"
+FERRUM = shutil.which("ferrum", path=str(Path(sys.executable).parent)) or "ferrum"
+
+
+def corpus_rows() -> list[dict]:
+    if not (CORPUS / "manifest.tsv").exists():
+        return []
+    with open(CORPUS / "manifest.tsv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    for row in rows:
+        row["path"] = str(CORPUS / row["file"])
+    return rows
+
+
+needs_corpus = pytest.mark.skipif(
+    not (CORPUS / "manifest.tsv").exists(), reason=f"the shared corpus is absent ({CORPUS}); CI has it"
+)
+
+
+def corpus(name: str) -> Path:
+    path = CORPUS / name
+    if not path.exists():
+        pytest.skip(f"the shared corpus is absent ({CORPUS}); CI has it")
+    return path
+
+
+JFK = "en_jfk_inaugural_1961.flac"
+
+
+def run_ferrum(
+    *args: str, stdin: bytes | None = None, cwd: Path | None = None, timeout: float = 600, env: dict | None = None
+):
+    """The real executable in a subprocess; returns CompletedProcess with text stdout/stderr."""
+    proc = subprocess.run(
+        [FERRUM, *args],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    proc.stdout = proc.stdout.decode("utf-8", "replace")
+    proc.stderr = proc.stderr.decode("utf-8", "replace")
+    return proc
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on (closed again before it is returned)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wav_bytes(samples, sample_rate: int = 16000) -> bytes:
+    """16-bit mono WAV of float samples, for audio a test builds."""
+    import io
+    import wave
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(sample_rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+    return buffer.getvalue()
+
+
+def float_wav_bytes(samples, sample_rate: int = 16000) -> bytes:
+    """32-bit float mono WAV: audio scaled in code keeps its detail at any level, as a 24-bit
+    recording would, instead of losing it to 16-bit steps."""
+    import struct
+
+    import numpy as np
+
+    data = np.asarray(samples, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, sample_rate, 4 * sample_rate, 4, 32)  # 3: IEEE float
+    header = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data))
+    return b"RIFF" + struct.pack("<I", len(header) + len(data)) + header + data
+
+
+def errors_against(reference: str, hypothesis: str, language: str) -> int:
+    """Word errors (substitutions, insertions, deletions) after openai-whisper's normalizer for the language."""
+    from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer() if language == "en" else BasicTextNormalizer()
+    ref, hyp = normalize(reference).split(), normalize(hypothesis).split()
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1]
+
+
+def joined_clips(names: list[str], gap_seconds: float = 2.0):
+    """Corpus clips one after another with silence between: (float32 16 kHz samples, each clip's
+    (start, end) in seconds), a stand-in for someone speaking with pauses."""
+    import numpy as np
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    parts, spans, at = [], [], 0.0
+    gap = np.zeros(int(gap_seconds * 16000), np.float32)
+    for name in names:
+        clip = decode_file(corpus(name)).samples
+        spans.append((at, at + len(clip) / 16000))
+        parts += [clip, gap]
+        at += (len(clip) + len(gap)) / 16000
+    return np.concatenate(parts), spans
+
+
+def clip_text(segments, span: tuple[float, float]) -> str:
+    """The text of the segments (dicts with start, end, text) centred within span."""
+    return " ".join(s["text"] for s in segments if span[0] <= (s["start"] + s["end"]) / 2 < span[1])
+
+
+def words(text: str) -> str:
+    """openai-whisper's English normalizer, so tests compare words and not punctuation."""
+    from whisper.normalizers import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()(text)
