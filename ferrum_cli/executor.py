@@ -53,10 +53,17 @@ class WhisperModelExecutor:
         self._count_model_calls()
 
     @classmethod
-    def from_path(cls, model_path: str = "base", device: str = "auto", dtype: str = "auto") -> WhisperModelExecutor:
-        """Load from a model name, an openai .pt, a Hugging Face or CTranslate2 directory."""
+    def from_path(
+        cls, model_path: str = "base", device: str = "auto", dtype: str = "auto", threads: int | None = None
+    ) -> WhisperModelExecutor:
+        """Load from a model name, an openai .pt, a Hugging Face or CTranslate2 directory.
+        threads: torch's CPU threads for this process, set before the load (None: torch's choice)."""
         from .platform.cpu import on_own_thread
 
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         return on_own_thread(lambda: _load(model_path, device, dtype)[0])
 
     # -- lifecycle -------------------------------------------------------------
@@ -68,8 +75,6 @@ class WhisperModelExecutor:
 
     def check_options(self, options: TranscribeOptions) -> None:
         """A bad --compute, and for an English-only model other languages and translation, are refused up front."""
-        from .engine.encoder import check_compute
-
         check_compute(options.compute)
         if self._require_model().is_multilingual:
             return
@@ -332,6 +337,22 @@ class WhisperModelExecutor:
         model.encoder.register_forward_hook(post("enc", True))
         model.decoder.register_forward_pre_hook(pre("dec"))
         model.decoder.register_forward_hook(post("dec", False))
+
+
+def check_compute(compute: str) -> None:
+    """A bad `--compute`, or one this CPU cannot run (int8 without fbgemm), as a UsageError or
+    DeviceError: checked before a model loads."""
+    from .engine.encoder import check_compute as check
+
+    check(compute)
+
+
+def verify_ahead(model: str) -> None:
+    """Start checking the cached weights of a model name on another thread, so that the check
+    overlaps the caller's start (torch's import); from_path uses the result if the file is unchanged."""
+    from .weights.cache import start_verifying
+
+    start_verifying(model)
 
 
 def audio_opener(source: str | os.PathLike[str] | bytes | Callable[[], bytes] | AudioStream) -> Callable:

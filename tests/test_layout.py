@@ -80,3 +80,31 @@ def test_the_server_is_a_front_end_like_the_cli():
             assert not layers & {"ferrum_cli.cli", "ferrum_cli.batch"}, module
         if _layer(module) in {"ferrum_cli.batch", "ferrum_cli.executor"}:
             assert "ferrum_cli.server" not in layers, module
+
+
+PUBLIC = {
+    "ferrum_cli", "ferrum_cli.errors", "ferrum_cli.options", "ferrum_cli.results", "ferrum_cli.writers",
+    "ferrum_cli.languages", "ferrum_cli.executor", "ferrum_cli.status",
+}  # fmt: skip
+
+
+def test_the_front_ends_use_only_the_public_api():
+    """The CLI, the server and the cluster's worker go through ferrum_cli's API, not around it into
+    the engine, the weights or the audio layer; the CLI also drives the server and the batch layer."""
+    own = {"ferrum_cli.cli": {"ferrum_cli.cli", "ferrum_cli.server", "ferrum_cli.batch"}, "ferrum_cli.server": set()}
+    for module, imported in _imports().items():
+        layer = _layer(module)
+        if layer in own:
+            outside = {m for m in imported if _layer(m) != layer and _layer(m) not in own[layer] and m not in PUBLIC}
+            assert not outside, (module, outside)
+    worker = next(n for n in ast.walk(ast.parse((ROOT / "batch" / "cluster.py").read_text())) if
+                  isinstance(n, ast.ClassDef) and n.name == "TranscriptionWorker")  # fmt: skip
+    for node in ast.walk(worker):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert f"ferrum_cli{'.' + node.module if node.module else ''}" in PUBLIC, ast.dump(node)
+
+
+def test_a_model_is_loaded_in_one_place_with_its_threads():
+    """from_path(model, device, dtype, threads) sets torch's threads, then loads: no front end repeats it."""
+    for path in [*(ROOT / "cli").glob("*.py"), *(ROOT / "server").glob("*.py"), *(ROOT / "batch").glob("*.py")]:
+        assert "set_num_threads" not in path.read_text(), path

@@ -56,12 +56,9 @@ class TranscriptionWorker:
     """
 
     def __init__(self, model: str, device: str, dtype: str, threads: int) -> None:
-        import torch
+        from .. import WhisperModelExecutor
 
-        torch.set_num_threads(threads)
-        from ..executor import WhisperModelExecutor
-
-        self.executor = WhisperModelExecutor.from_path(model, device, dtype)
+        self.executor = WhisperModelExecutor.from_path(model, device, dtype, threads)
         self.service = None  # started by the first batched task
         self.lock = threading.Lock()
 
@@ -82,8 +79,7 @@ class TranscriptionWorker:
             with self.lock:
                 ((_, result),) = self.executor.transcribe_many([(0, source)], options)
             return result
-        from .. import Ticket
-        from ..executor import audio_opener
+        from .. import Ticket, audio_opener
 
         with self.lock:
             if self.service is None:

@@ -97,7 +97,7 @@ def serve(
     ] = True,
 ) -> None:
     """Serve OpenAI's audio API (/v1/audio/transcriptions, /v1/audio/translations) over HTTP."""
-    from ..engine.encoder import check_compute
+    from ..executor import check_compute
     from ..options import TranscribeOptions
     from ..server.app import ServerSettings, create_app
 

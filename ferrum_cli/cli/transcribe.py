@@ -281,14 +281,13 @@ def transcribe(
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
     from ..batch.inputs import expand
     from ..batch.runner import BatchPlan, BatchSummary, is_complete, outputs_for
-    from ..engine.encoder import check_compute
+    from ..executor import check_compute, verify_ahead
     from ..languages import language_code
     from ..options import TranscribeOptions, VadOptions
-    from ..weights.cache import start_verifying
     from ..writers import SubtitleLayout, ensure_writable_dir, parse_formats
     from .render import TranscribeView
 
-    start_verifying(model)  # on another thread, while the rest starts
+    verify_ahead(model)  # on another thread, while the rest starts
     call(check_compute, compute.value)
     formats = call(parse_formats, output_format)
     layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
@@ -397,10 +396,6 @@ def _run(plan, view, model: str, device: str, dtype: str, threads: int | None, c
 
 
 def _load_executor(model: str, device: str, dtype: str, threads: int | None):
-    if threads:
-        import torch
+    from .. import WhisperModelExecutor
 
-        torch.set_num_threads(threads)
-    from ..executor import WhisperModelExecutor
-
-    return call(WhisperModelExecutor.from_path, model, device, dtype)
+    return call(WhisperModelExecutor.from_path, model, device, dtype, threads)

@@ -126,15 +126,12 @@ class Server:
 
     def load(self) -> None:
         """Load and warm the model; a model that cannot load ends the server (on_fatal)."""
-        from ..executor import WhisperModelExecutor
+        from .. import WhisperModelExecutor
 
         start = time.perf_counter()
+        settings = self.settings
         try:
-            if self.settings.threads:
-                import torch
-
-                torch.set_num_threads(self.settings.threads)
-            executor = WhisperModelExecutor.from_path(self.settings.model, self.settings.device, self.settings.dtype)
+            executor = WhisperModelExecutor.from_path(settings.model, settings.device, settings.dtype, settings.threads)
             executor.check_options(self.settings.options)
             executor.warmup()
         except FerrumError as exc:

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .. import Ticket
-from ..audio.ffmpeg import AudioStream
+from .. import AudioStream, Ticket
 from ..errors import FerrumError, ServiceError
 from ..writers import strict_json
 from .job import Job

@@ -17,8 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..audio.constants import SAMPLE_RATE
-from ..audio.ffmpeg import stream_file
+from .. import SAMPLE_RATE, AudioStream
 from ..errors import InputError, TooLargeError
 
 CHUNK_SECONDS = 30.0  # as audio.ffmpeg.AudioStream's chunks
@@ -56,7 +55,7 @@ def decode_upload(upload: BinaryIO, folder: Path, max_seconds: float) -> Decoded
     pcm = tempfile.TemporaryFile(dir=folder, prefix="audio-")
     samples, limit, chunks = 0, int(max_seconds * SAMPLE_RATE), None
     try:
-        stream = stream_file(copy.name, CHUNK_SECONDS)
+        stream = AudioStream(copy.name, CHUNK_SECONDS)
         chunks = iter(stream)
         for chunk in chunks:
             samples += len(chunk)
