@@ -1,311 +1,27 @@
-"""The FastAPI app: OpenAI's audio endpoints, parsed and answered here, transcribed by one
-EngineService that all requests share."""
+"""The FastAPI app: OpenAI's audio endpoints (routes.py), errors in OpenAI's shape, the Gate in
+front, and one Server (state.py) whose engine all requests share."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import math
-import tempfile
 import threading
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
 
-from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from .. import Ticket
-from ..errors import FerrumError, ModelNotFoundError, OverloadedError, ServiceError, UsageError
-from ..languages import language_code
-from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
-from ..results import Transcription
 from .gate import Gate
-from .job import Job
-from .metrics import ServerMetrics
-from .openai_format import (
-    GRANULARITIES,
-    RESPONSE_FORMATS,
-    APIError,
-    delta_event,
-    done_event,
-    response_body,
-    sse,
-)
-from .stream import stream
-from .uploads import decode_upload
+from .openai_format import APIError
+from .routes import audio, service
+from .state import Server, ServerSettings
 
-log = logging.getLogger("ferrum.server")
-MODEL_ALIASES = ("whisper-1",)  # what clients written for OpenAI send
-DEFAULT_RATE = 10.0  # audio seconds per second assumed for Retry-After until the server has measured its own
-RATE_MEMORY_SECONDS = 600.0  # busy time after which the measured rate halves its past
-DISCONNECT_POLL_SECONDS = 0.25
+__all__ = ["ServerSettings", "create_app"]
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """What `ferrum serve` was started with."""
-
-    model: str = "base"
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None
-    api_key: str | None = None
-    max_queue_seconds: float = 3600.0  # audio queued or being decoded, over all requests
-    max_upload_mb: float = 25.0  # OpenAI's own limit
-    share_batches: bool = True  # False: one request at a time (to measure what sharing gains)
-    options: TranscribeOptions = TranscribeOptions()  # batch size, compute; the rest comes per request
-
-
-class Admission:
-    """Audio seconds in the queue, and the 429 when a request would take them over the limit.
-
-    Retry-After comes from the throughput measured while requests were queued (audio seconds
-    finished per second of wall time with work in hand, all requests together), not from one
-    request's time, which includes its wait behind the others."""
-
-    def __init__(self, limit: float) -> None:
-        self.limit, self.queued, self.requests = limit, 0.0, 0
-        self.finished_seconds, self.busy_seconds = 0.0, 0.0  # audio finished; wall time with work in hand
-        self._counted_to = time.monotonic()
-        self._lock = threading.Lock()
-
-    @property
-    def rate(self) -> float:
-        """Audio seconds the server finishes per second, once measured (DEFAULT_RATE before)."""
-        if self.busy_seconds < 1.0 or self.finished_seconds <= 0:
-            return DEFAULT_RATE
-        return self.finished_seconds / self.busy_seconds
-
-    def reserve(self, seconds: float) -> None:
-        with self._lock:
-            if self.queued and self.queued + seconds > self.limit:
-                room_in = min(self.queued, self.queued + seconds - self.limit) / self.rate
-                raise OverloadedError(
-                    f"the server is busy: {self.queued:.0f} s of audio queued, limit {self.limit:.0f} s; retry later",
-                    max(1, math.ceil(room_in)),
-                )
-            self._count_busy()
-            self.queued += seconds
-            self.requests += 1
-
-    def release(self, seconds: float, finished: bool) -> None:
-        """A request left the queue; finished: its audio was transcribed (not cancelled or refused)."""
-        with self._lock:
-            self._count_busy()
-            self.queued = max(0.0, self.queued - seconds)
-            self.requests -= 1
-            if finished:
-                self.finished_seconds += seconds
-            if self.busy_seconds > RATE_MEMORY_SECONDS:  # the recent past counts most
-                self.finished_seconds, self.busy_seconds = self.finished_seconds / 2, self.busy_seconds / 2
-
-    def _count_busy(self) -> None:
-        """Add the time since the last count to busy_seconds if requests were in hand all along."""
-        now = time.monotonic()
-        if self.requests:
-            self.busy_seconds += now - self._counted_to
-        self._counted_to = now
-
-
-class Server:
-    """The state behind the endpoints: the model (loaded on a thread while /health says so),
-    the engine, the queue's admission, the metrics."""
-
-    def __init__(self, settings: ServerSettings, on_fatal=None) -> None:
-        self.settings, self.on_fatal = settings, on_fatal
-        self.state, self.executor, self.service = "loading", None, None
-        self.model_name = settings.model
-        self.admission = Admission(settings.max_queue_seconds)
-        self.metrics = ServerMetrics()
-        self.folder = Path(tempfile.mkdtemp(prefix="ferrum-serve-"))
-
-    def load(self) -> None:
-        """Load and warm the model; a model that cannot load ends the server (on_fatal)."""
-        from .. import WhisperModelExecutor
-
-        start = time.perf_counter()
-        settings = self.settings
-        try:
-            executor = WhisperModelExecutor.from_path(settings.model, settings.device, settings.dtype, settings.threads)
-            executor.check_options(self.settings.options)
-            executor.warmup()
-        except FerrumError as exc:
-            log.error("cannot load model %s: %s", self.settings.model, exc.message)
-            self.state = "failed"
-            if self.on_fatal:
-                self.on_fatal(exc)
-            return
-        self.executor, self.model_name = executor, executor.info()["name"]
-        self.service = executor.serve(self.settings.share_batches, self._batch_done)
-        self.service.on_fatal = self._engine_stopped
-        self.state = "ready"
-        log.info(
-            "ready: model %s on %s (%s) in %.1f s",
-            self.model_name, executor.device, executor.dtype, time.perf_counter() - start,
-        )  # fmt: skip
-
-    def _engine_stopped(self, error: ServiceError) -> None:
-        """The engine's thread cannot go on: /health says so and the process ends (on_fatal), never a hang."""
-        log.error("cannot go on: %s", error.message)
-        self.state = "failed"
-        if self.on_fatal:
-            self.on_fatal(error)
-
-    def _batch_done(self, windows: int, batch_size: int) -> None:
-        self.metrics.batch_fill.observe(windows / batch_size)
-
-    def close(self) -> None:
-        if self.service is not None:
-            self.service.close()
-        import shutil
-
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    # -- a request ---------------------------------------------------------------------
-
-    def check_model(self, model: str | None) -> None:
-        if self.state == "failed":
-            raise APIError(503, "the engine stopped; the server is shutting down", "server_error", code="unavailable")
-        if self.state != "ready":
-            raise APIError(503, f"the model is {self.state}; try again shortly", "server_error", code="model_loading")
-        accepted = {self.model_name, self.settings.model, *MODEL_ALIASES}
-        if model is not None and model.strip() and model.strip() not in accepted:
-            raise APIError.of(
-                ModelNotFoundError(
-                    f"model {model!r} is not served here; this server runs {self.model_name!r} (or send whisper-1)"
-                )
-            )
-
-    def options_for(self, task, language, prompt, temperature, words) -> TranscribeOptions:
-        try:
-            code = language_code(language) if language else None
-        except UsageError as exc:
-            raise APIError.of(exc, "language") from None
-        if not 0.0 <= temperature <= 1.0:
-            raise APIError(400, "temperature must be between 0 and 1", param="temperature")
-        # OpenAI's rule: at 0 the temperature rises on fallback; above 0, fallback starts there
-        options = replace(
-            self.settings.options, task=task, language=code, initial_prompt=prompt or None,
-            temperature=temperatures(temperature, FALLBACK_INCREMENT), word_timestamps=words,
-        )  # fmt: skip
-        try:
-            self.executor.check_options(options)
-        except UsageError as exc:
-            raise APIError.of(exc, "language" if task == "transcribe" else None) from None
-        return options
-
-    async def transcribe(self, request: Request, task: str, form: dict):
-        fmt = (form["response_format"] or "json").strip()
-        if fmt not in RESPONSE_FORMATS:
-            formats = ", ".join(RESPONSE_FORMATS)
-            raise APIError(400, f"response_format must be one of {formats}", param="response_format")
-        granularities = tuple(dict.fromkeys(g.strip() for g in form["timestamp_granularities"] or [] if g.strip()))
-        if bad := [g for g in granularities if g not in GRANULARITIES]:
-            raise APIError(400, f"unknown timestamp granularity {bad[0]!r}; use segment or word",
-                           param="timestamp_granularities")  # fmt: skip
-        if granularities and fmt != "verbose_json":
-            raise APIError(400, "timestamp_granularities need response_format=verbose_json",
-                           param="timestamp_granularities")  # fmt: skip
-        upload: UploadFile | None = form["file"]
-        if upload is None or isinstance(upload, str):
-            raise APIError(400, "no file: send the audio as the multipart field 'file'", param="file")
-        if not (form["model"] or "").strip():  # as OpenAI: the field is required
-            raise APIError(400, "you must provide a model parameter (whisper-1 or the model served)", param="model")
-        self.check_model(form["model"])
-        options = self.options_for(
-            task, form.get("language"), form["prompt"], form["temperature"], "word" in granularities
-        )
-        try:
-            decoded = await run_in_threadpool(decode_upload, upload.file, self.folder, self.settings.max_queue_seconds)
-        except FerrumError as exc:
-            raise APIError.of(exc, "file") from None
-        finally:
-            await upload.close()
-        try:
-            self.admission.reserve(decoded.seconds)
-        except OverloadedError as exc:
-            decoded.close()
-            raise APIError.of(exc) from None
-        self.metrics.queue_requests.set(self.admission.requests)
-        self.metrics.queue_audio_seconds.set(self.admission.queued)
-        job = Job(asyncio.get_running_loop())
-        ticket = Ticket(decoded.chunks, options, job.segment, job.done)
-        try:
-            self.service.submit(ticket)
-        except ServiceError as exc:
-            self._finished(decoded, False)
-            raise APIError.of(exc) from None
-        if form["stream"]:
-            return StreamingResponse(
-                self._events(request, job, ticket, decoded), media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )  # fmt: skip
-        result = None
-        try:
-            result = await self._wait(request, job, ticket)
-        finally:
-            self._finished(decoded, isinstance(result, Transcription))
-        if result is None:  # the client went away: nobody to answer
-            return Response(status_code=499)
-        if isinstance(result, FerrumError):
-            raise APIError.of(result, "file")
-        self.metrics.audio_seconds.inc(result.duration)
-        body, media_type = response_body(result, fmt, task, granularities)
-        return Response(body, media_type=media_type)
-
-    def _finished(self, decoded, transcribed: bool) -> None:
-        self.admission.release(decoded.seconds, transcribed)
-        decoded.close()
-        self.metrics.queue_requests.set(self.admission.requests)
-        self.metrics.queue_audio_seconds.set(self.admission.queued)
-
-    async def _wait(self, request: Request, job: Job, ticket: Ticket):
-        """The result, or None if the client disconnects first (its windows are then dropped)."""
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(job.result), DISCONNECT_POLL_SECONDS)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.service.cancel(ticket)
-                    self.metrics.cancelled.inc()
-                    return None
-
-    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded):
-        """Server-sent events: a delta per segment as it is decoded, then done (or an error)."""
-        finished, transcribed = False, False
-        try:
-            first = True
-            while True:
-                kind, value = await job.events.get()
-                if kind == "segment":
-                    yield delta_event(value[0], first)
-                    first = False
-                    continue
-                finished = True
-                if isinstance(value, FerrumError):
-                    yield sse(APIError.of(value, "file").body(), "error")
-                else:
-                    transcribed = True
-                    self.metrics.audio_seconds.inc(value.duration)
-                    yield done_event(value)
-                return
-        finally:
-            if not finished:  # the client went away mid-stream
-                self.service.cancel(ticket)
-                self.metrics.cancelled.inc()
-            self._finished(decoded, transcribed)
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
+def create_app(settings: ServerSettings, on_fatal=None) -> Gate:
+    """The app behind its Gate; on_fatal(error) when the model cannot load or the engine cannot go on."""
     server = Server(settings, on_fatal)
 
     @asynccontextmanager
@@ -316,89 +32,11 @@ def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
 
     app = FastAPI(title="ferrum", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.server = server
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError):
-        return error_response(exc)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):
-        codes = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}
-        message = exc.detail if isinstance(exc.detail, str) else "bad request"
-        if exc.status_code == 400 and message == "There was an error parsing the body":
-            message = "the request body is not a valid multipart form"
-        return error_response(APIError(exc.status_code, message, code=codes.get(exc.status_code)))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        param = str(first.get("loc", ["", ""])[-1]) or None
-        message = f"invalid {param}: {first.get('msg', 'bad value')}" if param else "invalid request"
-        return error_response(APIError(400, message, param=param))
-
-    async def transcription_endpoint(request: Request, task: str, form: dict):
-        start = time.perf_counter()
-        try:
-            response = await server.transcribe(request, task, form)
-        except APIError as exc:
-            response = error_response(exc)
-        except Exception as exc:  # a bug: one line in the log, OpenAI's shape to the client
-            log.error("internal error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-            log.debug("internal error", exc_info=True)
-            response = error_response(APIError(500, "internal server error", "server_error"))
-        server.metrics.latency.labels(request.url.path).observe(time.perf_counter() - start)
-        return response
-
-    @app.post("/v1/audio/transcriptions")
-    async def transcriptions(
-        request: Request,
-        file: UploadFile | None = File(None),
-        model: str | None = Form(None),
-        language: str | None = Form(None),
-        prompt: str | None = Form(None),
-        response_format: str | None = Form(None),
-        temperature: float = Form(0.0),
-        timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
-        stream: bool = Form(False),
-    ):
-        form = dict(file=file, model=model, language=language, prompt=prompt, response_format=response_format)
-        form |= dict(temperature=temperature, timestamp_granularities=timestamp_granularities, stream=stream)
-        return await transcription_endpoint(request, "transcribe", form)
-
-    @app.post("/v1/audio/translations")
-    async def translations(
-        request: Request,
-        file: UploadFile | None = File(None),
-        model: str | None = Form(None),
-        prompt: str | None = Form(None),
-        response_format: str | None = Form(None),
-        temperature: float = Form(0.0),
-    ):
-        form = dict(file=file, model=model, prompt=prompt, response_format=response_format, temperature=temperature)
-        form |= dict(timestamp_granularities=None, stream=False)
-        return await transcription_endpoint(request, "translate", form)
-
-    @app.websocket("/v1/audio/stream")
-    async def audio_stream(websocket: WebSocket):
-        try:
-            await stream(websocket, server)
-        except Exception as exc:  # a bug: one line in the log
-            log.error("internal error on /v1/audio/stream: %s: %s", type(exc).__name__, exc)
-            log.debug("internal error", exc_info=True)
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": model_list(server)}
-
-    @app.get("/health")
-    async def health():
-        status = 200 if server.state == "ready" else 503
-        return JSONResponse({"status": server.state, "model": server.model_name}, status_code=status)
-
-    @app.get("/metrics")
-    async def metrics():
-        body, media_type = server.metrics.exposition()
-        return PlainTextResponse(body, media_type=media_type)
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.include_router(audio)
+    app.include_router(service)
 
     def counted(path: str, status: int) -> None:
         server.metrics.requests.labels(path, str(status)).inc()
@@ -406,11 +44,20 @@ def create_app(settings: ServerSettings, on_fatal=None) -> FastAPI:
     return Gate(app, settings.api_key, int(settings.max_upload_mb * 1e6), counted)
 
 
-def model_list(server: Server) -> list[dict]:
-    """The model served and its OpenAI alias: the names a request may send. Other models on this
-    machine need their own `ferrum serve --model NAME` (ferrum status lists them)."""
-    created = int(time.time())
-    return [
-        {"id": name, "object": "model", "created": created, "owned_by": "ferrum"}
-        for name in dict.fromkeys([server.model_name, *MODEL_ALIASES])
-    ]
+async def api_error(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    codes = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}
+    message = exc.detail if isinstance(exc.detail, str) else "bad request"
+    if exc.status_code == 400 and message == "There was an error parsing the body":
+        message = "the request body is not a valid multipart form"
+    return APIError(exc.status_code, message, code=codes.get(exc.status_code)).response()
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    param = str(first.get("loc", ["", ""])[-1]) or None
+    message = f"invalid {param}: {first.get('msg', 'bad value')}" if param else "invalid request"
+    return APIError(400, message, param=param).response()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fastapi.responses import JSONResponse
+
 from ..errors import (
     AudioDecodeError,
     FerrumError,
@@ -40,6 +42,9 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
     @classmethod
     def of(cls, exc: FerrumError, param: str | None = None) -> APIError:

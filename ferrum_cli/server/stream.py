@@ -25,6 +25,7 @@ from ..errors import FerrumError, ServiceError
 from ..writers import strict_json
 from .job import Job
 from .openai_format import APIError
+from .requests import TranscriptionRequest
 
 AUDIO_FORMATS = ("pcm16", "any")
 FEED_CHUNKS = 256  # messages buffered for the engine; past that the socket is read no further
@@ -98,15 +99,12 @@ async def stream(websocket: WebSocket, server) -> None:
         audio_format = params.get("audio_format", "pcm16").strip()
         if audio_format not in AUDIO_FORMATS:
             raise APIError(400, f"audio_format must be one of {', '.join(AUDIO_FORMATS)}", param="audio_format")
-        task = params.get("task", "transcribe").strip()
-        if task not in ("transcribe", "translate"):
-            raise APIError(400, "task must be transcribe or translate", param="task")
-        try:
-            temperature = float(params.get("temperature", "0"))
-        except ValueError:
-            raise APIError(400, "temperature must be a number", param="temperature") from None
-        server.check_model(params.get("model"))
-        options = server.options_for(task, params.get("language"), params.get("prompt"), temperature, False)
+        asked = TranscriptionRequest.checked(
+            params.get("task"), params.get("model"), params.get("language"), params.get("prompt"),
+            params.get("temperature"), model_required=False,
+        )  # fmt: skip
+        server.check_model(asked.model)
+        options = server.options_for(asked)
     except APIError as exc:
         await _refuse(websocket, exc)
         return

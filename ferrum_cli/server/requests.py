@@ -1,0 +1,120 @@
+"""A request to transcribe, as OpenAI's fields give it, checked once: the two upload endpoints take
+it from their form (FastAPI dependencies), the WebSocket from its query."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from fastapi import File, Form, UploadFile
+
+from ..errors import UsageError
+from ..languages import language_code
+from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
+from .openai_format import GRANULARITIES, RESPONSE_FORMATS, APIError
+
+TASKS = ("transcribe", "translate")
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """What a client asked for; the server's own settings (batch size, compute) come from options()."""
+
+    task: str  # transcribe or translate
+    model: str | None  # as sent; the server checks it against the model it serves
+    language: str | None = None  # Whisper's code; None: detected
+    prompt: str | None = None
+    temperature: float = 0.0  # of the first try, 0 to 1
+    response_format: str = "json"  # one of RESPONSE_FORMATS
+    granularities: tuple[str, ...] = ()  # "segment" and "word", with verbose_json
+    stream: bool = False  # server-sent events as segments are decoded
+
+    @classmethod
+    def checked(
+        cls, task: str | None, model: str | None, language: str | None = None, prompt: str | None = None,
+        temperature: str | float | None = None, response_format: str | None = None,
+        granularities: list[str] | None = None, stream: bool = False, model_required: bool = True,
+    ) -> TranscriptionRequest:  # fmt: skip
+        """The request, or the APIError (400) of its first bad field."""
+        task = (task or "transcribe").strip()
+        if task not in TASKS:
+            raise APIError(400, "task must be transcribe or translate", param="task")
+        fmt = (response_format or "json").strip()
+        if fmt not in RESPONSE_FORMATS:
+            raise APIError(
+                400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format"
+            )
+        wanted = tuple(dict.fromkeys(g.strip() for g in granularities or [] if g.strip()))
+        if bad := [g for g in wanted if g not in GRANULARITIES]:
+            raise APIError(400, f"unknown timestamp granularity {bad[0]!r}; use segment or word",
+                           param="timestamp_granularities")  # fmt: skip
+        if wanted and fmt != "verbose_json":
+            raise APIError(400, "timestamp_granularities need response_format=verbose_json",
+                           param="timestamp_granularities")  # fmt: skip
+        if model_required and not (model or "").strip():  # as OpenAI: the field is required
+            raise APIError(400, "you must provide a model parameter (whisper-1 or the model served)", param="model")
+        try:
+            code = language_code(language) if language else None
+        except UsageError as exc:
+            raise APIError.of(exc, "language") from None
+        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream)
+
+    def options(self, base: TranscribeOptions) -> TranscribeOptions:
+        """base (the server's batch size and compute) with this request's task, language and decoding.
+        OpenAI's rule: at temperature 0 it rises on fallback; above 0, fallback starts there."""
+        words = "word" in self.granularities
+        return replace(
+            base, task=self.task, language=self.language, initial_prompt=self.prompt,
+            temperature=temperatures(self.temperature, FALLBACK_INCREMENT), word_timestamps=words,
+        )  # fmt: skip
+
+
+def _temperature(value: str | float | None) -> float:
+    try:
+        temperature = float(value) if value not in (None, "") else 0.0
+    except ValueError:
+        raise APIError(400, "temperature must be a number", param="temperature") from None
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= 1.0):
+        raise APIError(400, "temperature must be between 0 and 1", param="temperature")
+    return temperature
+
+
+class Upload:
+    """The form of POST /v1/audio/transcriptions: the file and the checked request."""
+
+    def __init__(
+        self,
+        file: UploadFile | None = File(None),
+        model: str | None = Form(None),
+        language: str | None = Form(None),
+        prompt: str | None = Form(None),
+        response_format: str | None = Form(None),
+        temperature: str | None = Form(None),
+        timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
+        stream: bool = Form(False),
+    ) -> None:
+        self.file = _the_file(file)
+        self.request = TranscriptionRequest.checked(
+            "transcribe", model, language, prompt, temperature, response_format, timestamp_granularities, stream
+        )
+
+
+class TranslationUpload(Upload):
+    """The form of POST /v1/audio/translations: no language, granularities or streaming."""
+
+    def __init__(
+        self,
+        file: UploadFile | None = File(None),
+        model: str | None = Form(None),
+        prompt: str | None = Form(None),
+        response_format: str | None = Form(None),
+        temperature: str | None = Form(None),
+    ) -> None:
+        self.file = _the_file(file)
+        self.request = TranscriptionRequest.checked("translate", model, None, prompt, temperature, response_format)
+
+
+def _the_file(file) -> UploadFile:
+    if file is None or isinstance(file, str):
+        raise APIError(400, "no file: send the audio as the multipart field 'file'", param="file")
+    return file
