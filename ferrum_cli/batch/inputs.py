@@ -8,6 +8,7 @@ import glob
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
@@ -83,9 +84,10 @@ def _is_media(path: Path) -> bool:
     return path.suffix.lower().lstrip(".") in MEDIA_EXTENSIONS
 
 
-def walk_media(root: Path) -> list[Path]:
-    """Media files under root, following symlinks but never into a loop."""
-    found: list[Path] = []
+def _walk_once(root: str | Path, depth: int | None = None) -> Iterator[tuple[str, tuple[str, ...], list[str]]]:
+    """(folder, its parts below root, its file names) for each folder under root, in sorted order,
+    following symlinks but reading each real folder once (so never into a loop), and no deeper
+    than depth folders below root."""
     seen_dirs: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         try:
@@ -93,17 +95,22 @@ def walk_media(root: Path) -> list[Path]:
         except OSError:
             dirnames[:] = []
             continue
-        key = (st.st_dev, st.st_ino)
-        if key in seen_dirs:
+        if (st.st_dev, st.st_ino) in seen_dirs:
             dirnames[:] = []
             continue
-        seen_dirs.add(key)
+        seen_dirs.add((st.st_dev, st.st_ino))
+        below = Path(os.path.relpath(dirpath, root)).parts
+        below = () if below == (".",) else below
+        if depth is not None and len(below) >= depth:
+            dirnames[:] = []
         dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if _is_media(path) and os.path.isfile(path):
-                found.append(path)
-    return found
+        yield dirpath, below, sorted(filenames)
+
+
+def walk_media(root: Path) -> list[Path]:
+    """Media files under root, following symlinks but never into a loop."""
+    found = (Path(dirpath) / name for dirpath, _, names in _walk_once(root) for name in names)
+    return [path for path in found if _is_media(path) and os.path.isfile(path)]
 
 
 def _stem(path: Path) -> Path:
@@ -180,25 +187,10 @@ def glob_files(pattern: str) -> list[str]:
         return []
     depth = None if "**" in rest else len(rest) - 1  # a pattern without ** reads only as deep as it reaches
     found = []
-    seen_dirs: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
-        try:
-            st = os.stat(dirpath)
-        except OSError:
-            dirnames[:] = []
-            continue
-        if (st.st_dev, st.st_ino) in seen_dirs:
-            dirnames[:] = []
-            continue
-        seen_dirs.add((st.st_dev, st.st_ino))
-        below = Path(os.path.relpath(dirpath, base)).parts if dirpath != base else ()
-        below = () if below == (".",) else below
-        if depth is not None and len(below) >= depth:
-            dirnames[:] = []
-        dirnames.sort()
-        for name in sorted(filenames):
-            if _matches((*below, name), rest) and os.path.isfile(os.path.join(dirpath, name)):
-                path = os.path.join(dirpath, name)
+    for dirpath, below, names in _walk_once(base, depth):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if _matches((*below, name), rest) and os.path.isfile(path):
                 found.append(os.path.normpath(path) if base == "." else path)
     return sorted(found)
 
@@ -213,6 +205,8 @@ def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
         return _matches(parts, rest) or (bool(parts) and not parts[0].startswith(".") and _matches(parts[1:], pattern))
     if not parts or (parts[0].startswith(".") and not head.startswith(".")):
         return False
+    if len(parts) == 1:  # the file's own name: a part the pattern has after it would be a folder
+        return fnmatch.fnmatchcase(parts[0], head) and not rest
     return fnmatch.fnmatchcase(parts[0], head) and _matches(parts[1:], rest)
 
 
