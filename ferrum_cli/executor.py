@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .audio.ffmpeg import AudioStream
 from .errors import ExecutorStateError, FerrumError, UsageError
+from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
 from .results import Segment, Transcription
 
@@ -74,7 +75,9 @@ class WhisperModelExecutor:
         return self._model
 
     def check_options(self, options: TranscribeOptions) -> None:
-        """A bad --compute, and for an English-only model other languages and translation, are refused up front."""
+        """Options out of range (options.check), a compute this CPU cannot run, and for an English-only
+        model other languages and translation, are refused up front."""
+        options.check()
         check_compute(options.compute)
         if self._require_model().is_multilingual:
             return
@@ -256,11 +259,12 @@ class WhisperModelExecutor:
             return detect_language(model, first, plan_compute(model, options).encoder)
 
     def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
-        return self.transcribe(audio_path, TranscribeOptions(language=language)).text
+        """The text; language by code or English name ("de", "german"), None or "auto" to detect it."""
+        return self.transcribe(audio_path, TranscribeOptions(language=language_code(language or "auto"))).text
 
     def transcribe_bytes(self, audio_data: bytes, language: str | None = None) -> str:
         """WAV or anything ffmpeg reads; the bytes go to ffmpeg on stdin."""
-        return self.transcribe(audio_data, TranscribeOptions(language=language)).text
+        return self.transcribe(audio_data, TranscribeOptions(language=language_code(language or "auto"))).text
 
     # -- description ------------------------------------------------------------
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from .errors import UsageError
 
 MAX_BATCH_SIZE = 64  # windows in one forward pass; the CLI's limit and the executor's capabilities()
 COMPUTES = ("auto", "float32", "bfloat16", "int8")
@@ -30,6 +33,15 @@ class VadOptions:
     max_speech_duration_s: float = float("inf")  # speech longer than this is split
     min_silence_duration_ms: int = 2000  # silence needed to end speech
     speech_pad_ms: int = 400  # audio kept on each side of speech
+
+    def check(self) -> None:
+        """UsageError for the first value out of its range."""
+        _within("vad threshold", self.threshold, 0.0, 1.0)
+        if self.neg_threshold is not None:
+            _within("vad neg_threshold", self.neg_threshold, 0.0, 1.0)
+        _within("vad max_speech_duration_s", self.max_speech_duration_s, 1.0, math.inf, finite=False)
+        for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
+            _within(f"vad {name}", getattr(self, name), 0, math.inf)
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,35 @@ class TranscribeOptions:
         """Beam search exists only in openai-whisper's sequential algorithm."""
         return self.sequential or (self.beam_size or 1) > 1
 
+    def check(self) -> None:
+        """Every option in its range, once, for every caller (the CLI, the server, a library user):
+        UsageError naming the first that is not. The model's and the machine's limits (an
+        English-only model, int8 on this CPU) are the executor's check_options."""
+        from .languages import language_code
+
+        if self.task not in TASKS:
+            raise UsageError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
+        if self.compute not in COMPUTES:
+            raise UsageError(f"unknown compute {self.compute!r}; choose {', '.join(COMPUTES)}")
+        if self.language is not None and language_code(self.language) != self.language:
+            raise UsageError(f"language must be a Whisper language code such as 'en', not {self.language!r}")
+        _within("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
+        for name in ("beam_size", "best_of"):
+            if getattr(self, name) is not None:
+                _within(name, getattr(self, name), 1, math.inf)
+        if self.patience is not None:
+            _within("patience", self.patience, 0.0, math.inf)
+        if not self.temperature:
+            raise UsageError("temperature needs at least one value")
+        for temperature in self.temperature:
+            _within("temperature", temperature, 0.0, 1.0)
+        if self.no_speech_threshold is not None:
+            _within("no_speech_threshold", self.no_speech_threshold, 0.0, 1.0)
+        for name in ("compression_ratio_threshold", "logprob_threshold"):
+            if getattr(self, name) is not None:
+                _within(name, getattr(self, name), -math.inf, math.inf)
+        self.vad_options.check()
+
     def prompt_text(self) -> str | None:
         """Hotwords go ahead of the initial prompt: both bias the decoder towards their words."""
         parts = [p.strip() for p in (self.hotwords, self.initial_prompt) if p and p.strip()]
@@ -81,3 +122,13 @@ class TranscribeOptions:
         else:
             kwargs["beam_size"], kwargs["patience"] = self.beam_size, self.patience
         return kwargs
+
+
+def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise UsageError(f"{name} must be a number, not {value!r}")
+    if (finite and not math.isfinite(value)) or not low <= value <= high:
+        if low == -math.inf and high == math.inf:
+            raise UsageError(f"{name} must be a finite number, not {value!r}")
+        bounds = f"at least {low}" if high == math.inf else f"between {low} and {high}"
+        raise UsageError(f"{name} must be {bounds}, not {value!r}")

@@ -12,7 +12,7 @@ import pytest
 from ferrum_cli.audio.constants import SAMPLE_RATE
 from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
-from ferrum_cli.options import TranscribeOptions
+from ferrum_cli.options import TranscribeOptions, VadOptions
 
 from .helpers import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
 
@@ -47,6 +47,31 @@ def test_random_bytes_are_a_typed_error(executor):
 def test_an_unknown_compute_is_a_typed_error(executor):
     with pytest.raises(UsageError, match="unknown compute 'fp8'"):
         executor.transcribe(str(SAMPLE), TranscribeOptions(compute="fp8"))
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(task="summarize"), "task"),
+        (dict(language="english"), "language"),
+        (dict(language="xx"), "language"),
+        (dict(temperature=(0.0, 1.5)), "temperature"),
+        (dict(temperature=()), "temperature"),
+        (dict(beam_size=0), "beam_size"),
+        (dict(no_speech_threshold=float("nan")), "no_speech_threshold"),
+        (dict(vad_options=VadOptions(threshold=2.0)), "vad threshold"),
+        (dict(vad_options=VadOptions(speech_pad_ms=-1)), "speech_pad_ms"),
+    ],
+)
+def test_an_option_out_of_range_is_a_usage_error_naming_it(executor, bad, named):
+    """The library checks every option, as the CLI and the server do (options.check, once for all)."""
+    with pytest.raises(UsageError, match=named):
+        executor.transcribe(str(SAMPLE), TranscribeOptions(**bad))
+
+
+def test_a_language_by_name_is_taken_by_the_plain_calls(executor):
+    assert "Dashwood" in executor.transcribe_file(str(SAMPLE), language="English")
 
 
 @needs_corpus
@@ -159,7 +184,7 @@ def test_numba_is_imported_only_when_the_sequential_engine_aligns_words():
         f"""
         import sys
         from ferrum_cli import WhisperModelExecutor
-        from ferrum_cli.options import TranscribeOptions
+        from ferrum_cli.options import TranscribeOptions, VadOptions
         executor = WhisperModelExecutor.from_path("base", device="cpu")
         executor.transcribe({str(SAMPLE)!r}, TranscribeOptions(language="en"))
         result = executor.transcribe({str(SAMPLE)!r}, TranscribeOptions(language="en", word_timestamps=True))
