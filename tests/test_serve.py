@@ -517,14 +517,14 @@ def test_an_engine_that_cannot_go_on_fails_the_request_then_health_and_exits_1()
 
 
 def test_a_flood_of_slow_clients_is_dropped_and_health_still_answers():
-    """1,100 connections that send a header line now and then: each is answered 408 within the
+    """700 connections that send a header line now and then: each is answered 408 within the
     deadline, the oldest make room for new ones, /health answers throughout, and the log stays small
     (it grew by 660 MB in 80 s of 'socket.accept() out of system resource')."""
     few_files = ["bash", "-c", f'ulimit -n 256; exec "{FERRUM}" "$@"', "ferrum"]
     running = RunningServer("--model", "tiny.en", "--request-timeout", "2", program=few_files)
     slow: list[socket.socket] = []
     try:
-        for _ in range(1100):
+        for _ in range(700):  # more than the 256 files the server may open
             try:
                 conn = socket.create_connection(("127.0.0.1", running.port), timeout=5)
                 conn.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n")
@@ -532,7 +532,7 @@ def test_a_flood_of_slow_clients_is_dropped_and_health_still_answers():
             except OSError:
                 break  # the client's own limit of open files
         assert len(slow) >= 500
-        for _ in range(5):  # the flood goes on: a header line each second
+        for _ in range(4):  # the flood goes on: a header line each second
             for conn in slow:
                 try:
                     conn.sendall(b"X-Slow: 1\r\n")
