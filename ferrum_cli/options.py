@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import UsageError
+from .languages import language_code
 
 MAX_BATCH_SIZE = 64  # windows in one forward pass; the CLI's limit and the executor's capabilities()
 COMPUTES = ("auto", "float32", "bfloat16", "int8")
@@ -82,14 +83,10 @@ class TranscribeOptions:
 
     def check(self) -> None:
         """Every option in its range, once, for every caller (the CLI, the server, a library user):
-        UsageError naming the first that is not. The model's and the machine's limits (an
-        English-only model, int8 on this CPU) are the executor's check_options."""
-        from .languages import language_code
-
+        UsageError naming the first that is not. compute, and the model's and the machine's limits
+        (an English-only model, int8 on this CPU), are the executor's check_options."""
         if self.task not in TASKS:
             raise UsageError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
-        if self.compute not in COMPUTES:
-            raise UsageError(f"unknown compute {self.compute!r}; choose {', '.join(COMPUTES)}")
         if self.language is not None and language_code(self.language) != self.language:
             raise UsageError(f"language must be a Whisper language code such as 'en', not {self.language!r}")
         _within("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)

@@ -369,15 +369,16 @@ def to_mono(data: bytes, channels: int) -> np.ndarray:
         return frames[:, 0].copy()
     left, right = frames[:, 0], frames[:, 1]
     mixed = left * STEREO_GAIN + right * STEREO_GAIN
-    louder = max(left, right, key=_energy)
-    return louder.copy() if _energy(mixed) < CANCELLED * _energy(louder) else mixed
+    louder, louder_energy = max(((left, _energy(left)), (right, _energy(right))), key=lambda pair: pair[1])
+    return louder.copy() if _energy(mixed) < CANCELLED * louder_energy else mixed
 
 
 STEREO_GAIN = np.float32(np.sqrt(0.5))
 
 
 def _energy(samples: np.ndarray) -> float:
-    return float(np.dot(samples.astype(np.float64), samples.astype(np.float64)))
+    wide = samples.astype(np.float64)
+    return float(np.dot(wide, wide))
 
 
 def _write_feed(feed: Iterable[bytes], pipe) -> None:

@@ -61,9 +61,9 @@ class GuardedH11Protocol(H11Protocol):
     the new one gets 503 at once. So a flood of slow clients cannot keep /health from answering.
     """
 
-    max_connections = 500
-    header_seconds = 15.0
-    request_seconds = 300.0
+    max_connections: int  # these three are set by guarded_protocol, from `ferrum serve`'s options
+    header_seconds: float
+    request_seconds: float
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)

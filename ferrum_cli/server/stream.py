@@ -187,14 +187,20 @@ async def _refuse(websocket: WebSocket, error: APIError) -> None:
                 break
     except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError):
         pass
-    await _close_with(websocket, None, CLOSE_ERROR, error.message)
+    await _close(websocket, CLOSE_ERROR, error.message)
 
 
-async def _close_with(websocket: WebSocket, error: APIError | None, code: int, reason: str = "") -> None:
+async def _close_with(websocket: WebSocket, error: APIError, code: int) -> None:
     try:
-        if error is not None:
-            await websocket.send_text(strict_json({"type": "error", **error.body()}))
-            reason = error.message
+        await websocket.send_text(strict_json({"type": "error", **error.body()}))
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    await _close(websocket, code, error.message)
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    """The close, with as much of reason as its 123 bytes hold."""
+    try:
         await websocket.close(code, reason.encode()[:120].decode("utf-8", "ignore"))
     except (WebSocketDisconnect, RuntimeError):
         pass
