@@ -33,6 +33,12 @@ class FFmpegNotFoundError(FerrumError):
     exit_code = 3
 
 
+class DependencyError(FerrumError):
+    """A library a feature needs (senko, for --diarize) is missing: ffmpeg's exit code, a missing part."""
+
+    exit_code = 3
+
+
 class ModelError(FerrumError):
     """The model cannot be found, verified or loaded."""
 

@@ -14,6 +14,7 @@ from .audio.ffmpeg import AudioStream
 from .errors import ExecutorStateError, FerrumError, UsageError
 from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
+from .post import PostProcess
 from .results import Segment, Transcription
 
 
@@ -135,32 +136,49 @@ class WhisperModelExecutor:
         model = self._require_model()
         options = options or TranscribeOptions()
         self.check_options(options)
+        post = PostProcess(options, self.device)
+        engine = post.engine_options
+        each_segment = on_segment if post.idle else None  # else once the stage has made them final
         with self._lock:
             self._state = "busy"
             try:
                 if isinstance(audio, (bytes, bytearray, memoryview)):
                     decoded = decode_bytes(bytes(audio))
                     chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
-                elif options.runs_sequentially:
+                elif engine.runs_sequentially:
                     decoded = decode_file(audio)
                     chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
                 else:
                     chunks, samples, warning = stream_file(audio), None, None
-                if samples is not None and options.runs_sequentially:
-                    result = transcribe_sequential(model, samples, options, on_segment)
+                if samples is not None and engine.runs_sequentially:
+                    post.hear(samples)
+                    result = transcribe_sequential(model, samples, engine, each_segment)
                 else:
-                    result = transcribe_batched(model, chunks, options, on_segment, on_progress)
+                    chunks = post.tap(lambda opened=chunks: opened)()
+                    result = transcribe_batched(model, chunks, engine, each_segment, on_progress)
                 warning = warning or getattr(chunks, "warning", None)
                 if warning:
                     result.warnings.append(warning)
                     if on_warning:
                         on_warning(warning)
+                result = self._post_process(post, result, on_segment)
             except FerrumError:
                 self._counters.errors += 1
                 raise
             finally:
+                post.close()
                 self._state = "ready" if self._model is not None else "shutdown"
         self._count(result)
+        return result
+
+    @staticmethod
+    def _post_process(post: PostProcess, result: Transcription, on_segment=None) -> Transcription:
+        """The stage after the engine; its segments go to on_segment here when the engine could not give them final."""
+        if post.idle:
+            return result
+        result = post.apply(result)
+        for segment in result.segments if on_segment else ():
+            on_segment(segment)
         return result
 
     def transcribe_many(
@@ -197,21 +215,37 @@ class WhisperModelExecutor:
                     yield key, exc
             return
 
-        def request(key, source) -> SourceRequest:
-            return SourceRequest(key, audio_opener(source), live=isinstance(source, AudioStream) and source.live)
+        posts: dict[int, PostProcess] = {}
 
+        def request(key, source) -> SourceRequest:
+            post = posts[id(key)] = PostProcess(options, self.device)
+            opener = post.tap(audio_opener(source))
+            return SourceRequest(key, opener, live=isinstance(source, AudioStream) and source.live)
+
+        final = options.for_engine() == options  # no stage after the engine: its segments are final
         with self._lock:
             self._state = "busy"
             try:
-                engine = BatchedEngine(model, options)
+                engine = BatchedEngine(model, options.for_engine())
                 engine.on_partial = on_partial
-                for key, result in engine.run((request(k, s) for k, s in items), on_segment, on_progress):
+                segments = on_segment if final else None
+                for key, result in engine.run((request(k, s) for k, s in items), segments, on_progress):
+                    post = posts.pop(id(key))
+                    if not isinstance(result, FerrumError):
+                        try:
+                            each = (lambda seg, k=key: on_segment(k, seg)) if on_segment and not final else None
+                            result = self._post_process(post, result, each)
+                        except FerrumError as exc:
+                            result = exc
+                    post.close()
                     if isinstance(result, FerrumError):
                         self._counters.errors += 1
                     else:
                         self._count(result)
                     yield key, result
             finally:
+                for post in posts.values():
+                    post.close()
                 self._state = "ready" if self._model is not None else "shutdown"
 
     def serve(self, share_batches: bool = True, on_batch=None):

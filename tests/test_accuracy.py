@@ -129,11 +129,11 @@ def test_word_timestamps_on_jfk(executor):
     result = executor.transcribe(path, TranscribeOptions(language="en", word_timestamps=True))
     found = [w for s in result.segments for w in s.words]
     assert len(found) >= 20
-    assert all(w["start"] < w["end"] for w in found)
-    assert all(a["start"] <= b["start"] and a["end"] <= b["end"] for a, b in zip(found, found[1:]))
-    assert all(0 <= w["start"] and w["end"] <= result.duration for w in found)
-    assert all(0 <= w["probability"] <= 1 for w in found)
-    assert all(type(w[key]) is float for w in found for key in ("start", "end", "probability"))
+    assert all(w.start < w.end for w in found)
+    assert all(a.start <= b.start and a.end <= b.end for a, b in zip(found, found[1:]))
+    assert all(0 <= w.start and w.end <= result.duration for w in found)
+    assert all(0 <= w.probability <= 1 for w in found)
+    assert all(type(getattr(w, key)) is float for w in found for key in ("start", "end", "probability"))
     onset = speech_regions(decode_file(path).samples, VadOptions(speech_pad_ms=0))[0][0] / SAMPLE_RATE
     assert abs(found[0]["start"] - onset) <= 0.3
 

@@ -67,8 +67,9 @@ def test_no_layer_imports_one_that_imports_it():
 
 def test_the_lower_layers_know_nothing_of_the_upper_ones():
     upper = {"ferrum_cli.cli", "ferrum_cli.batch", "ferrum_cli.executor", "ferrum_cli.status", "ferrum_cli.server"}
+    lower = {"ferrum_cli.audio", "ferrum_cli.engine", "ferrum_cli.post", "ferrum_cli.weights", "ferrum_cli.platform"}
     for module, imported in _imports().items():
-        if _layer(module) in {"ferrum_cli.audio", "ferrum_cli.engine", "ferrum_cli.weights", "ferrum_cli.platform"}:
+        if _layer(module) in lower:
             assert not {_layer(m) for m in imported} & upper, module
 
 

@@ -42,11 +42,11 @@ def test_every_word_of_the_text_has_a_time_inside_its_segment_and_in_order(timed
         found = [w for s in result.segments for w in s.words]
         assert found, path
         for segment in result.segments:
-            assert "".join(w["word"] for w in segment.words).strip() == segment.text.strip(), path
-            assert all(segment.start <= w["start"] <= w["end"] <= segment.end for w in segment.words), path
-        assert all(a["start"] <= b["start"] and a["end"] <= b["end"] for a, b in zip(found, found[1:])), path
-        assert all(0 <= w["probability"] <= 1 for w in found)
-        assert all(type(w[key]) is float for w in found for key in ("start", "end", "probability"))
+            assert "".join(w.word for w in segment.words).strip() == segment.text.strip(), path
+            assert all(segment.start <= w.start <= w.end <= segment.end for w in segment.words), path
+        assert all(a.start <= b.start and a.end <= b.end for a, b in zip(found, found[1:])), path
+        assert all(0 <= w.probability <= 1 for w in found)
+        assert all(type(getattr(w, key)) is float for w in found for key in ("start", "end", "probability"))
 
 
 def test_word_times_are_within_a_fifth_of_a_second_of_openai_whisper(timed):
@@ -55,11 +55,11 @@ def test_word_times_are_within_a_fifth_of_a_second_of_openai_whisper(timed):
     for batched, sequential in timed.values():
         ours = [w for s in batched.segments for w in s.words]
         theirs = [w for s in sequential.segments for w in s.words]
-        matcher = difflib.SequenceMatcher(a=[_key(w["word"]) for w in ours], b=[_key(w["word"]) for w in theirs])
+        matcher = difflib.SequenceMatcher(a=[_key(w.word) for w in ours], b=[_key(w.word) for w in theirs])
         for block in matcher.get_matching_blocks():
             for k in range(block.size):
                 a, b = ours[block.a + k], theirs[block.b + k]
-                gaps += [abs(a["start"] - b["start"]), abs(a["end"] - b["end"])]
+                gaps += [abs(a.start - b.start), abs(a.end - b.end)]
     assert len(gaps) >= 2 * 150  # most of the clips' 200-odd words are read alike
     assert statistics.median(gaps) <= 0.2, statistics.median(gaps)
 

@@ -194,6 +194,7 @@ def finish_job(
     if isinstance(result, FerrumError):
         fail_job(job, result.message, events, summary)
         return
+    result.name = result.name or job.relative.name  # rttm's file id
     for warning in result.warnings:
         if events.on_warning:
             events.on_warning(job, warning)

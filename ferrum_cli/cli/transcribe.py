@@ -22,6 +22,7 @@ FALLBACK_PANEL = "Fallback (as openai-whisper)"
 SEQUENTIAL_PANEL = "Sequential engine (openai-whisper's loop)"
 VAD_PANEL = "Voice activity detection"
 SUBTITLE_PANEL = "Word times and subtitles"
+SPEAKER_PANEL = "Speakers (who spoke when)"
 SPEED_PANEL = "Performance"
 CLUSTER_PANEL = "Cluster (Ray)"
 FORMAT_CHOICES = (*FORMATS, "all")
@@ -216,6 +217,34 @@ def transcribe(
             rich_help_panel=SUBTITLE_PANEL,
         ),
     ] = False,
+    diarize: Annotated[
+        bool,
+        typer.Option(
+            "--diarize",
+            show_default=False,
+            help="Label who spoke when (offline, no token).",
+            rich_help_panel=SPEAKER_PANEL,
+        ),
+    ] = False,
+    speakers: Annotated[
+        int | None,
+        typer.Option(help="Exactly this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL),
+    ] = None,
+    min_speakers: Annotated[
+        int | None, typer.Option(help="At least this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL)
+    ] = None,
+    max_speakers: Annotated[
+        int | None, typer.Option(help="At most this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL)
+    ] = None,
+    speaker_names: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAMES",
+            help='"Ann,Bob": names in order of first appearance.',
+            rich_help_panel=SPEAKER_PANEL,
+            show_default=False,
+        ),
+    ] = None,
     vad: Annotated[
         bool, typer.Option(help="Skip silence, cut long audio at pauses.", rich_help_panel=VAD_PANEL)
     ] = True,
@@ -289,7 +318,7 @@ def transcribe(
 
     verify_ahead(model)  # on another thread, while the rest starts
     call(check_compute, compute.value)
-    formats = call(parse_formats, output_format)
+    formats = call(parse_formats, output_format, diarize)
     layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
     _check_subtitle_options(layout, word_timestamps)
     jobs = call(expand, inputs, stdin_name) if mic is not None and inputs else []
@@ -301,7 +330,7 @@ def transcribe(
         jobs.append(call(microphone, mic, "mic"))
         live = True
     if live:
-        _check_live(jobs, vad, sequential or (beam_size or 1) > 1)
+        _check_live(jobs, vad, sequential or (beam_size or 1) > 1, diarize)
     if workers is not None and cluster is None:
         fail(UsageError("--workers needs --cluster"))
     if output_dir is not None:
@@ -318,7 +347,10 @@ def transcribe(
         no_speech_threshold=no_speech_threshold, condition_on_previous_text=not no_condition_on_previous_text,
         initial_prompt=initial_prompt, hotwords=hotwords, word_timestamps=word_timestamps, vad=vad,
         vad_options=vad_options, sequential=sequential, batch_size=batch_size, compute=compute.value,
+        diarize=diarize, speakers=speakers, min_speakers=min_speakers, max_speakers=max_speakers,
+        speaker_names=_names(speaker_names),
     )  # fmt: skip
+    call(options.check)
     plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing, live)
     view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose, live)
     view.report_language = options.language is None  # detected: say which it was
@@ -343,14 +375,21 @@ def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
     return ["-"]
 
 
-def _check_live(jobs, vad: bool, sequential: bool) -> None:
-    """Live input is cut at pauses by the VAD, in the batched engine, and only streams are live."""
+def _names(given: str | None) -> tuple[str, ...]:
+    return tuple(name.strip() for name in given.split(",")) if given is not None else ()
+
+
+def _check_live(jobs, vad: bool, sequential: bool, diarize: bool) -> None:
+    """Live input is cut at pauses by the VAD, in the batched engine, and only streams are live;
+    diarization clusters voices over the whole recording, so it does not run live."""
     if files := [job for job in jobs if not job.is_stream]:
         fail(UsageError(f"--live reads stdin, a URL or --mic, not a file: {files[0].display}"))
     if not vad:
         fail(UsageError("--live needs the VAD: it cuts the stream at pauses"))
     if sequential:
         fail(UsageError("--live runs in the batched engine: drop --sequential and --beam-size"))
+    if diarize:
+        fail(UsageError("--diarize tells voices apart over the whole recording: it does not run with --live"))
 
 
 def _check_subtitle_options(layout, word_timestamps: bool) -> None:

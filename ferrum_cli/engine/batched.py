@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,7 @@ from .fallback import decode_with_fallback, is_silence, needs_fallback
 from .language import detect_language
 from .segments import repeats_the_end, segments_from_tokens
 from .tokenizer import get_tokenizer
-from .words import AlignmentRow, align_batch, place_words, snap_to_speech
+from .words import AlignmentRow, align_batch, place_words, snap_to_speech, typed_words
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +99,7 @@ class Source:
     def result(self, options: TranscribeOptions) -> Transcription:
         text = "".join(s.text for s in self.segments).strip()
         duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
-        used = {**asdict(options), "language": options.language or self.requested_language or self.language}
+        used = {**options.record(), "language": options.language or self.requested_language or self.language}
         used.update(engine="batched", word_timestamps=options.word_timestamps or self.word_timestamps)
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
         result = Transcription(text, self.segments, language, probability, duration, used)
@@ -454,6 +454,7 @@ class BatchedEngine:
             place_words(pieces, alignment, window.offset, window.offset)
             if self.options.vad:
                 snap_to_speech(pieces, window.source.speech)
+            typed_words(pieces)
 
     def _publish(self, source: Source) -> int:
         """Segments in time order, each once no window still queued can come before it; returns how many."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +20,7 @@ from ..results import Segment, Transcription
 from .fallback import seeded_sampling
 from .language import detect_language
 from .tokenizer import get_tokenizer
-from .words import snap_to_speech
-
-
-def _plain_words(words: list[dict] | None) -> list[dict] | None:
-    """openai-whisper's word times and probabilities are numpy floats; a library user gets Python's."""
-    if words is None:
-        return None
-    return [{k: v.item() if isinstance(v, np.generic) else v for k, v in word.items()} for word in words]
+from .words import snap_to_speech, typed_words
 
 
 def transcribe_sequential(
@@ -38,7 +31,7 @@ def transcribe_sequential(
 ) -> Transcription:
     """openai-whisper's transcribe() on our model: same algorithm, same text."""
     duration = len(samples) / SAMPLE_RATE
-    used = {**asdict(options), "engine": "sequential"}
+    used = {**options.record(), "engine": "sequential"}
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
     samples, windows = _speech_windows(samples, options)
     language, probability = options.language, 1.0
@@ -52,6 +45,7 @@ def transcribe_sequential(
     segments = [_segment(i, s, duration) for i, s in enumerate(result["segments"])]
     if options.word_timestamps and options.vad:
         snap_to_speech(segments, speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
+    typed_words(segments)
     for segment in segments if on_segment else ():
         on_segment(segment)
     if not segments:
@@ -113,5 +107,5 @@ def _segment(index: int, s: dict, duration: float) -> Segment:
         s["no_speech_prob"],
         s["compression_ratio"],
         s["temperature"],
-        _plain_words(s.get("words")),
+        [dict(word) for word in s["words"]] if s.get("words") is not None else None,
     )

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import FerrumError, ServiceError
 from ..options import TranscribeOptions
+from ..post import PostProcess
 from ..results import Segment, Transcription
 from .batched import BatchedEngine, SourceRequest
 
@@ -29,14 +30,45 @@ class Ticket:
     on_done: Callable[[Transcription | FerrumError], None]  # once, last
     live: bool = False  # audio arriving in real time: each stretch decoded as soon as it ends
     finished: bool = field(default=False, init=False)
+    post: PostProcess | None = field(default=None, init=False)  # the stage after the engine, set when taken
 
     def finish(self, result: Transcription | FerrumError) -> None:
-        if not self.finished:
-            self.finished = True
-            try:
-                self.on_done(result)
-            except Exception as exc:  # the caller's fault: it must not stop the engine for the others
-                log.error("on_done of an input failed: %s: %s", type(exc).__name__, exc)
+        """Hand the result on once; a stage with steps to run (diarization) runs on a thread of
+        its own, so that the engine goes on with the other inputs meanwhile."""
+        if self.finished:
+            return
+        self.finished = True
+        post = self.post
+        if post is None or post.idle or isinstance(result, FerrumError):
+            if post is not None:
+                post.close()
+            self._hand_on(result)
+            return
+        threading.Thread(target=self._post_process, args=(post, result), name="ferrum-post", daemon=True).start()
+
+    def _post_process(self, post: PostProcess, result: Transcription) -> None:
+        try:
+            result = post.apply(result)
+        except FerrumError as exc:
+            self._hand_on(exc)
+            return
+        except Exception as exc:  # a fault of a step fails this input alone
+            log.error("post-processing failed: %s: %s", type(exc).__name__, exc)
+            self._hand_on(ServiceError(f"post-processing failed: {type(exc).__name__}"))
+            return
+        for segment in result.segments:
+            self._call(self.on_segment, segment, result.language)
+        self._hand_on(result)
+
+    def _hand_on(self, result: Transcription | FerrumError) -> None:
+        self._call(self.on_done, result)
+
+    @staticmethod
+    def _call(callback, *args) -> None:
+        try:
+            callback(*args)
+        except Exception as exc:  # the caller's fault: it must not stop the engine for the others
+            log.error("a callback of an input failed: %s: %s", type(exc).__name__, exc)
 
 
 def engine_key(options: TranscribeOptions) -> TranscribeOptions:
@@ -164,6 +196,8 @@ class EngineService:
 
     def _take_cancelled(self) -> None:
         for ticket in self._cancelled:
+            if ticket.post is not None:  # on this thread: the engine may be reading into its spool
+                ticket.post.close()
             if ticket in self._submitted:
                 self._submitted.remove(ticket)
             for key, tickets in self._tickets.items():
@@ -177,7 +211,8 @@ class EngineService:
             if not self.share_batches and self._busy():
                 return  # one input at a time
             ticket = self._submitted.pop(0)
-            key = engine_key(ticket.options)
+            ticket.post = PostProcess(ticket.options, str(self.model.device))
+            key = engine_key(ticket.post.engine_options)
             if key not in self._engines:
                 try:
                     engine = BatchedEngine(self.model, key)
@@ -187,13 +222,14 @@ class EngineService:
                     ticket.finish(error)
                     continue
                 self._engines[key] = engine
-                engine.on_segment = lambda t, segment, e=engine: t.on_segment(segment, e.language_of(t))
+                engine.on_segment = lambda t, segment, e=engine: t.post.idle and t.on_segment(segment, e.language_of(t))
                 engine.on_live_ready = self._live_ready
                 self._tickets[key] = set()
             self._tickets[key].add(ticket)
             self._idle.discard(key)
-            options = ticket.options
-            request = SourceRequest(ticket, ticket.open_audio, options.language, options.word_timestamps, ticket.live)
+            options = ticket.post.engine_options
+            opener = ticket.post.tap(ticket.open_audio)
+            request = SourceRequest(ticket, opener, options.language, options.word_timestamps, ticket.live)
             self._engines[key].submit(request)
 
     def _step(self, key: TranscribeOptions) -> bool:

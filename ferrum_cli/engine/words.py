@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..audio.constants import SAMPLE_RATE
-from ..results import Segment
+from ..results import Segment, Word
 
 if TYPE_CHECKING:
     import torch
@@ -216,6 +216,7 @@ def place_words(segments: list[Segment], alignment: list[WordTiming], offset: fl
                         "start": round(offset + timing.start, 2),
                         "end": round(offset + timing.end, 2),
                         "probability": timing.probability,
+                        "tokens": tuple(timing.tokens),
                     }
                 )
             taken += len(timing.tokens)
@@ -263,3 +264,15 @@ def snap_to_speech(segments: list[Segment], regions: list[tuple[int, int]]) -> N
                 word["start"] = round(later[0], 3)
         if segment.words:
             segment.start = segment.words[0]["start"]
+
+
+def typed_words(segments: list[Segment]) -> None:
+    """The words the engine timed and fitted (dicts while it moves their bounds) as frozen Words,
+    with plain floats: what every later stage and writer reads."""
+    for segment in segments:
+        if segment.words is not None:
+            segment.words = [Word(**{k: _plain(v) for k, v in word.items()}) for word in segment.words]
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value

@@ -81,11 +81,7 @@ def segment_object(segment: Segment) -> dict:
 
 
 def word_objects(result: Transcription) -> list[dict]:
-    return [
-        {"word": w["word"].strip(), "start": w["start"], "end": w["end"]}
-        for s in result.segments
-        for w in (s.words or [])
-    ]
+    return [{"word": w.word.strip(), "start": w.start, "end": w.end} for s in result.segments for w in (s.words or [])]
 
 
 def response_body(result: Transcription, fmt: str, task: str, granularities: tuple[str, ...]) -> tuple[str, str]:

