@@ -197,6 +197,26 @@ def test_streaming_gives_each_segment_then_the_text(client):
     assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text == whole
 
 
+@needs_corpus
+def test_diarized_json_and_its_segment_events_through_the_openai_client(client):
+    """OpenAI's diarized shape (TranscriptionDiarized): speakers A, B in order of first appearance;
+    streamed, a transcript.text.segment event per segment once its speaker is known."""
+    two = corpus("diarization/pyannote_sample.wav")
+    with open(two, "rb") as fh:
+        diarized = client.audio.transcriptions.create(model="whisper-1", file=fh, response_format="diarized_json")
+    assert type(diarized).__name__ == "TranscriptionDiarized" and diarized.task == "transcribe"
+    speakers = [s.speaker for s in diarized.segments]
+    assert speakers[0] == "A" and set(speakers) == {"A", "B"}
+    assert all(s.type == "transcript.text.segment" and s.start <= s.end for s in diarized.segments)
+    assert " ".join(s.text for s in diarized.segments) == diarized.text and 29 < diarized.duration < 31
+    with open(two, "rb") as fh:
+        events = list(client.audio.transcriptions.create(
+            model="whisper-1", file=fh, response_format="diarized_json", stream=True
+        ))  # fmt: skip
+    assert [e.type for e in events] == ["transcript.text.segment"] * len(speakers) + ["transcript.text.done"]
+    assert [e.speaker for e in events[:-1]] == speakers and events[-1].text == diarized.text
+
+
 def test_models_and_health(server, client):
     ids = [m.id for m in client.models.list()]
     assert ids == ["base", "whisper-1"]  # each one a request may name

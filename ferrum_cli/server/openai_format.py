@@ -18,11 +18,13 @@ from ..languages import language_name
 from ..results import Segment, Transcription
 from ..writers import WRITERS, render, strict_json
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
+SPEAKER_LETTERS = tuple(chr(ord("A") + i) for i in range(26))  # OpenAI's labels for speakers it does not know
 GRANULARITIES = ("segment", "word")
 MEDIA_TYPES = {  # OpenAI's names for the writers'
     "json": WRITERS["json"].media_type,
     "verbose_json": WRITERS["json"].media_type,
+    "diarized_json": WRITERS["json"].media_type,
     "text": WRITERS["txt"].media_type,
     "srt": WRITERS["srt"].media_type,
     "vtt": WRITERS["vtt"].media_type,
@@ -92,6 +94,12 @@ def response_body(result: Transcription, fmt: str, task: str, granularities: tup
         body = result.text + "\n"
     elif fmt in ("srt", "vtt"):
         body = render(result, fmt)
+    elif fmt == "diarized_json":
+        body = strict_json({
+            "task": "transcribe", "duration": result.duration, "text": result.text,
+            "segments": [diarized_segment(s) for s in result.segments],
+            "usage": {"type": "duration", "seconds": round(result.duration, 3)},
+        })  # fmt: skip
     else:
         verbose = {"task": task, "language": language_name(result.language), "duration": result.duration}
         verbose["text"] = result.text
@@ -102,6 +110,14 @@ def response_body(result: Transcription, fmt: str, task: str, granularities: tup
         verbose["usage"] = {"type": "duration", "seconds": round(result.duration, 3)}
         body = strict_json(verbose)
     return body, MEDIA_TYPES[fmt]
+
+
+def diarized_segment(segment: Segment) -> dict:
+    """A segment as OpenAI's TranscriptionDiarizedSegment; also the stream's segment event."""
+    return {
+        "type": "transcript.text.segment", "id": f"seg_{segment.id}", "start": segment.start, "end": segment.end,
+        "speaker": segment.speaker or "A", "text": segment.text.strip(),
+    }  # fmt: skip
 
 
 def sse(event: dict, name: str | None = None) -> str:

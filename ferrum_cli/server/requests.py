@@ -11,7 +11,7 @@ from fastapi import File, Form, UploadFile
 from ..errors import UsageError
 from ..languages import language_code
 from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
-from .openai_format import GRANULARITIES, RESPONSE_FORMATS, APIError
+from .openai_format import GRANULARITIES, RESPONSE_FORMATS, SPEAKER_LETTERS, APIError
 
 TASKS = ("transcribe", "translate")
 
@@ -48,6 +48,8 @@ class TranscriptionRequest:
         if bad := [g for g in wanted if g not in GRANULARITIES]:
             raise APIError(400, f"unknown timestamp granularity {bad[0]!r}; use segment or word",
                            param="timestamp_granularities")  # fmt: skip
+        if fmt == "diarized_json" and task != "transcribe":
+            raise APIError(400, "diarized_json is for transcriptions", param="response_format")
         if wanted and fmt != "verbose_json":
             raise APIError(400, "timestamp_granularities need response_format=verbose_json",
                            param="timestamp_granularities")  # fmt: skip
@@ -63,9 +65,11 @@ class TranscriptionRequest:
         """base (the server's batch size and compute) with this request's task, language and decoding.
         OpenAI's rule: at temperature 0 it rises on fallback; above 0, fallback starts there."""
         words = "word" in self.granularities
+        diarize = self.response_format == "diarized_json"
         return replace(
             base, task=self.task, language=self.language, initial_prompt=self.prompt,
             temperature=temperatures(self.temperature, FALLBACK_INCREMENT), word_timestamps=words,
+            diarize=diarize, speaker_names=SPEAKER_LETTERS if diarize else (),
         )  # fmt: skip
 
 

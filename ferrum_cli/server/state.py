@@ -23,7 +23,7 @@ from ..options import TranscribeOptions
 from ..results import Transcription
 from .job import Job
 from .metrics import ServerMetrics
-from .openai_format import APIError, delta_event, done_event, response_body, sse
+from .openai_format import APIError, delta_event, diarized_segment, done_event, response_body, sse
 from .requests import TranscriptionRequest, Upload
 from .uploads import decode_upload
 
@@ -206,7 +206,8 @@ class Server:
             raise APIError.of(exc) from None
         if asked.stream:
             return StreamingResponse(
-                self._events(request, job, ticket, decoded), media_type="text/event-stream",
+                self._events(request, job, ticket, decoded, asked.response_format == "diarized_json"),
+                media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
         result = None
@@ -239,15 +240,16 @@ class Server:
                     self.metrics.cancelled.inc()
                     return None
 
-    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded):
-        """Server-sent events: a delta per segment as it is decoded, then done (or an error)."""
+    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, diarized: bool = False):
+        """Server-sent events: a delta per segment as it is decoded (diarized: a segment event with
+        its speaker, once the speakers are known), then done (or an error)."""
         finished, transcribed = False, False
         try:
             first = True
             while True:
                 kind, value = await job.events.get()
                 if kind == "segment":
-                    yield delta_event(value[0], first)
+                    yield sse(diarized_segment(value[0])) if diarized else delta_event(value[0], first)
                     first = False
                     continue
                 finished = True
