@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FERRUM, corpus_rows, free_port, needs_corpus, run_ferrum
+from .helpers import CORPUS, FERRUM, corpus_rows, free_port, needs_corpus, run_ferrum
 
 ray = pytest.importorskip("ray", reason="Ray is the cluster extra (make install)")
 pytestmark = pytest.mark.cluster
@@ -77,6 +77,19 @@ def test_the_corpus_on_the_cluster_gives_the_outputs_of_a_local_run_byte_for_byt
     assert spread.returncode == 0, spread.stderr
     assert outputs(tmp_path / "cluster") == outputs(tmp_path / "local")
     assert len(outputs(tmp_path / "local")) == 2 * len(inputs)
+
+
+@needs_corpus
+def test_diarization_on_the_cluster_gives_the_speakers_of_a_local_run(cluster, tmp_path):
+    """The workers run the same post-processing stage: speakers, turns and rttm as a local run's."""
+    inputs = [str(CORPUS / "diarization" / "pyannote_sample.wav"), clips("en", 1)[0]]
+    args = [*inputs, "--diarize", "-f", "json", "-f", "rttm", "--threads", "1", "-q"]
+    local = run_ferrum("transcribe", *args, "-o", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr
+    spread = run_ferrum("transcribe", *args, "-o", str(tmp_path / "cluster"), "--cluster", cluster)
+    assert spread.returncode == 0, spread.stderr
+    assert outputs(tmp_path / "cluster") == outputs(tmp_path / "local")
+    assert b"SPEAKER_01" in outputs(tmp_path / "cluster")["pyannote_sample.rttm"]
 
 
 @needs_corpus
