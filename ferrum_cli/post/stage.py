@@ -14,11 +14,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..audio.ffmpeg import decode_bytes
 from ..audio.spool import AudioSpool
+from ..errors import FerrumError, UsageError
 from ..options import POST_FIELDS, TranscribeOptions
 from ..results import Transcription
 from . import diarizer
-from .speakers import assign_speakers
+from .speakers import assign_speakers, match_known
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
 
@@ -70,8 +72,9 @@ class PostProcess:
         samples = self._spool.samples()
         opts = self.options
         count = diarizer.SpeakerCount(opts.speakers, opts.min_speakers, opts.max_speakers)
-        turns = diarizer.speaker_turns(samples, count, self.device)
+        found = diarizer.diarize(samples, count, self.device)
         del samples
+        turns = found.turns
         heard = sum(t.end - t.start for t in turns)
         if heard < diarizer.MIN_SPEECH_SECONDS:
             result.warnings.append(
@@ -79,7 +82,21 @@ class PostProcess:
                 f"{diarizer.MIN_SPEECH_SECONDS:.0f} s): transcribed without speakers"
             )
             return result
-        return assign_speakers(result, turns, opts.speaker_names)
+        known = match_known(found.voices, self._known_voices(), diarizer.SAME_VOICE) if opts.known_speakers else {}
+        return assign_speakers(result, turns, opts.speaker_names, known)
+
+    def _known_voices(self) -> dict[str, np.ndarray]:
+        voices = {}
+        for known in self.options.known_speakers:
+            try:
+                samples = decode_bytes(known.reference).samples
+            except FerrumError as exc:
+                raise UsageError(f"the sample of known speaker {known.name!r} is not audio: {exc.message}") from None
+            voice = diarizer.voice_of(samples, self.device)
+            if voice is None:
+                raise UsageError(f"the sample of known speaker {known.name!r} has no speech")
+            voices[known.name] = voice
+        return voices
 
     def _record(self, result: Transcription) -> Transcription:
         post = {k: v for k, v in self.options.record().items() if k in POST_FIELDS}

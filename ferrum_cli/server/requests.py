@@ -3,6 +3,8 @@ it from their form (FastAPI dependencies), the WebSocket from its query."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from dataclasses import dataclass, replace
 
@@ -10,10 +12,11 @@ from fastapi import File, Form, UploadFile
 
 from ..errors import UsageError
 from ..languages import language_code
-from ..options import FALLBACK_INCREMENT, TranscribeOptions, temperatures
+from ..options import FALLBACK_INCREMENT, KnownSpeaker, TranscribeOptions, temperatures
 from .openai_format import GRANULARITIES, RESPONSE_FORMATS, SPEAKER_LETTERS, APIError
 
 TASKS = ("transcribe", "translate")
+MAX_KNOWN_SPEAKERS = 4  # as OpenAI
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,14 @@ class TranscriptionRequest:
     response_format: str = "json"  # one of RESPONSE_FORMATS
     granularities: tuple[str, ...] = ()  # "segment" and "word", with verbose_json
     stream: bool = False  # server-sent events as segments are decoded
+    known_speakers: tuple[KnownSpeaker, ...] = ()  # diarized_json: voices to name where they are heard
 
     @classmethod
     def checked(
         cls, task: str | None, model: str | None, language: str | None = None, prompt: str | None = None,
         temperature: str | float | None = None, response_format: str | None = None,
         granularities: list[str] | None = None, stream: bool = False, model_required: bool = True,
+        known_names: list[str] | None = None, known_references: list[str] | None = None,
     ) -> TranscriptionRequest:  # fmt: skip
         """The request, or the APIError (400) of its first bad field."""
         task = (task or "transcribe").strip()
@@ -59,7 +64,8 @@ class TranscriptionRequest:
             code = language_code(language) if language else None
         except UsageError as exc:
             raise APIError.of(exc, "language") from None
-        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream)
+        known = _known_speakers(known_names or [], known_references or [], fmt)
+        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream, known)
 
     def options(self, base: TranscribeOptions) -> TranscribeOptions:
         """base (the server's batch size and compute) with this request's task, language and decoding.
@@ -69,8 +75,38 @@ class TranscriptionRequest:
         return replace(
             base, task=self.task, language=self.language, initial_prompt=self.prompt,
             temperature=temperatures(self.temperature, FALLBACK_INCREMENT), word_timestamps=words,
-            diarize=diarize, speaker_names=SPEAKER_LETTERS if diarize else (),
+            diarize=diarize, speaker_names=SPEAKER_LETTERS if diarize else (), known_speakers=self.known_speakers,
         )  # fmt: skip
+
+
+def _known_speakers(names: list[str], references: list[str], fmt: str) -> tuple[KnownSpeaker, ...]:
+    """OpenAI's known_speaker_names[] with known_speaker_references[] (data URLs of their audio)."""
+    if not names and not references:
+        return ()
+    param = "known_speaker_names"
+    if fmt != "diarized_json":
+        raise APIError(400, "known speakers need response_format=diarized_json", param=param)
+    if len(names) != len(references):
+        raise APIError(400, "give a known_speaker_references[] for each known_speaker_names[]", param=param)
+    if len(names) > MAX_KNOWN_SPEAKERS:
+        raise APIError(400, f"at most {MAX_KNOWN_SPEAKERS} known speakers", param=param)
+    if len(set(names)) < len(names) or not all(name.strip() for name in names):
+        raise APIError(400, "each known speaker needs a name of their own", param=param)
+    return tuple(KnownSpeaker(name.strip(), _data_url(ref)) for name, ref in zip(names, references))
+
+
+def _data_url(value: str) -> bytes:
+    head, comma, data = value.partition(",")
+    if not (comma and head.startswith("data:") and head.endswith(";base64")):
+        raise APIError(400, "a known speaker reference must be a data URL: data:audio/...;base64,...",
+                       param="known_speaker_references")  # fmt: skip
+    try:
+        audio = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "a known speaker reference is not valid base64", param="known_speaker_references") from None
+    if not audio:
+        raise APIError(400, "a known speaker reference is empty", param="known_speaker_references")
+    return audio
 
 
 def _temperature(value: str | float | None) -> float:
@@ -96,11 +132,14 @@ class Upload:
         temperature: str | None = Form(None),
         timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
         stream: bool = Form(False),
+        known_speaker_names: list[str] | None = Form(None, alias="known_speaker_names[]"),
+        known_speaker_references: list[str] | None = Form(None, alias="known_speaker_references[]"),
     ) -> None:
         self.file = _the_file(file)
         self.request = TranscriptionRequest.checked(
-            "transcribe", model, language, prompt, temperature, response_format, timestamp_granularities, stream
-        )
+            "transcribe", model, language, prompt, temperature, response_format, timestamp_granularities, stream,
+            known_names=known_speaker_names, known_references=known_speaker_references,
+        )  # fmt: skip
 
 
 class TranslationUpload(Upload):

@@ -1,0 +1,129 @@
+"""The diarization scenario of `make bench`: `ferrum transcribe --diarize` on
+../shared/corpus/diarization (15 AMI clips of 30 s and pyannote's sample), scored with
+pyannote.metrics as its README says, and the cost of --diarize on a 3-minute recording of
+several speakers (six of the AMI clips joined), as whole processes.
+
+DER = (missed speech + false alarm + speaker confusion) / reference speech, overlaps scored, in
+the region the corpus's ami.uem gives (pyannote's sample: its whole 30 s); at a collar of ±0.25 s
+(pyannote.metrics' collar=0.5, the whole width) and at 0. The total is the sum of errors over
+the sum of reference speech. Run alone: python bench/diarize_bench.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+FOLDER = Path(os.environ.get("BENCH_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus")) / "diarization"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
+JOINED = ["ami_trn00", "ami_trn01", "ami_trn03", "ami_dev00", "ami_dev01", "ami_tst00"]  # 180 s
+
+
+def annotations(rttm_text: str):
+    """{file id: pyannote Annotation} of an RTTM."""
+    from pyannote.core import Annotation, Segment
+
+    out: dict = {}
+    for line in rttm_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 8 and parts[0] == "SPEAKER":
+            start, duration = float(parts[3]), float(parts[4])
+            out.setdefault(parts[1], Annotation(uri=parts[1]))[Segment(start, start + duration)] = parts[7]
+    return out
+
+
+def scored_regions() -> dict:
+    """{file id: Timeline} of the region each file is scored in."""
+    from pyannote.core import Segment, Timeline
+
+    regions = {}
+    for line in (FOLDER / "ami.uem").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            regions[parts[0]] = Timeline([Segment(float(parts[2]), float(parts[3]))])
+    regions["pyannote_sample"] = Timeline([Segment(0.0, 30.0)])
+    return regions
+
+
+def error_rates(hypotheses: dict, collar: float) -> tuple[dict, float]:
+    """({file: DER}, total DER) at a collar (pyannote.metrics' whole width)."""
+    from pyannote.core import Annotation
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    references = {**annotations((FOLDER / "ami.rttm").read_text()), **annotations(
+        (FOLDER / "pyannote_sample.rttm").read_text())}  # fmt: skip
+    metric = DiarizationErrorRate(collar=collar, skip_overlap=False)
+    regions = scored_regions()
+    per_file = {}
+    for uri, reference in sorted(references.items()):
+        hypothesis = hypotheses.get(uri, Annotation(uri=uri))
+        per_file[uri] = round(metric(reference, hypothesis, uem=regions[uri]), 4)
+    return per_file, round(abs(metric), 4)
+
+
+def timed(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
+    """(rows, ratios, targets) of the diarization scenario."""
+    files = sorted(FOLDER.glob("*.wav"))
+    with tempfile.TemporaryDirectory(prefix="ferrum-diarize-bench-") as tmp:
+        out = Path(tmp)
+        cmd = [*ferrum, "transcribe", *map(str, files), "--diarize", "-f", "rttm", "-o", str(out), "-q"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        hypotheses = annotations("".join(p.read_text() for p in sorted(out.glob("*.rttm"))))
+        joined = out / "joined.wav"
+        _write_joined(joined)
+        base = [*ferrum, "transcribe", str(joined), "-f", "txt", "-q", "--language", "en"]
+        plain, speakers = [*base, "-o", str(out / "plain")], [*base, "-o", str(out / "diarized"), "--diarize"]
+        plain_s, diarized_s = float("inf"), float("inf")
+        for _ in range(ROUNDS):  # in turns: the machine's slow spells fall on both
+            plain_s = min(plain_s, timed(plain))
+            diarized_s = min(diarized_s, timed(speakers))
+    at_quarter, total_quarter = error_rates(hypotheses, 0.5)
+    at_zero, total_zero = error_rates(hypotheses, 0.0)
+    rows = [
+        {"scenario": "diarization", "system": "ferrum --diarize", "file": uri, "der_collar_0.25": at_quarter[uri],
+         "der_collar_0": at_zero[uri]}
+        for uri in at_quarter
+    ]  # fmt: skip
+    rows.append({"scenario": "diarization", "system": "ferrum --diarize", "file": "total",
+                 "der_collar_0.25": total_quarter, "der_collar_0": total_zero})  # fmt: skip
+    rows.append({"scenario": "diarization cost", "system": "ferrum", "audio_s": 180.0,
+                 "plain_s": round(plain_s, 2), "diarized_s": round(diarized_s, 2)})  # fmt: skip
+    ratios = {"diarize_time_over_plain": round(diarized_s / plain_s, 2)}
+    targets = {"diarize_time_over_plain <= 1.5": ratios["diarize_time_over_plain"] <= 1.5}
+    for row in rows[:-1]:
+        quarter, zero = row["der_collar_0.25"], row["der_collar_0"]
+        console.print(f"  {row['file']:<16} DER {quarter:.1%} at ±0.25 s, {zero:.1%} at 0")
+    console.print(f"  3 min, several speakers: {plain_s:.1f} s plain, {diarized_s:.1f} s with --diarize "
+                  f"({ratios['diarize_time_over_plain']}x)")  # fmt: skip
+    return rows, ratios, targets
+
+
+def _write_joined(path: Path) -> None:
+    import soundfile
+
+    pieces = [soundfile.read(FOLDER / f"{name}.wav", dtype="float32")[0] for name in JOINED]
+    soundfile.write(path, np.concatenate(pieces), 16000, subtype="PCM_16")
+
+
+if __name__ == "__main__":
+    import json
+
+    from rich.console import Console
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import ferrum_command
+
+    rows, ratios, targets = measure(ferrum_command(), Console())
+    print(json.dumps({"rows": rows, "ratios": ratios, "targets": targets}, indent=1))
