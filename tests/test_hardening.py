@@ -114,3 +114,21 @@ def test_help_at_80_columns_cuts_no_option_name(command):
         "--no-condition-on-previous-text",
     ):
         assert command != "transcribe" or name in proc.stdout
+
+
+def test_an_error_the_event_loop_logs_with_its_exception_is_one_line(caplog):
+    """asyncio logs "socket.accept() out of system resource" with a traceback when files run out;
+    the server's log folds it into one line."""
+    import logging
+
+    from ferrum_cli.server.guard import OneLineLog
+
+    logger = logging.getLogger("ferrum.test.loop")
+    logger.addFilter(OneLineLog())
+    try:
+        raise OSError(24, "Too many open files")
+    except OSError:
+        logger.error("socket.accept() out of system resource\nsocket: <asyncio.TransportSocket fd=6>", exc_info=True)
+    record = caplog.records[-1]
+    assert record.exc_info is None
+    assert record.getMessage() == "socket.accept() out of system resource: OSError: [Errno 24] Too many open files"

@@ -147,9 +147,10 @@ def _log_like_uvicorn() -> None:
     repeats one message more than a few times in 10 s."""
     from uvicorn.logging import DefaultFormatter
 
-    from ..server.guard import RateLimitedLog
+    from ..server.guard import OneLineLog, RateLimitedLog
 
     for name in ("asyncio", "uvicorn.error", "ferrum.server", "ferrum.engine"):  # not the access log: a line a request
+        logging.getLogger(name).addFilter(OneLineLog())
         logging.getLogger(name).addFilter(RateLimitedLog())
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a line per malformed body, each answered 400
 

@@ -161,3 +161,17 @@ class RateLimitedLog(logging.Filter):
             record.msg = f"{record.msg} ({dropped} more like it in the last {self.window:.0f} s were not logged)"
         self._seen[key] = (start, passed + 1, 0)
         return True
+
+
+class OneLineLog(logging.Filter):
+    """A record of asyncio's or uvicorn's as one line, its exception folded into it: the loop's
+    "socket.accept() out of system resource" came with a traceback when files ran out under load.
+    With DEBUG logging the traceback stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not logging.getLogger().isEnabledFor(logging.DEBUG):
+            exc = record.exc_info[1]
+            first = record.getMessage().splitlines()[0] if record.getMessage() else ""
+            record.msg, record.args = f"{first}: {type(exc).__name__}: {exc}" if exc else first, None
+            record.exc_info, record.exc_text = None, None
+        return True
