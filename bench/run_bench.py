@@ -367,6 +367,11 @@ def main() -> None:
 
     cluster_rows, cluster_ratios, cluster_targets = measure_cluster(ferrum_command(), [lf, *clips], console)
 
+    console.print("[b]diarization[/b]: --diarize on the corpus's diarization folder, scored (diarize_bench.py)")
+    from diarize_bench import measure as measure_diarization
+
+    diarize_rows, diarize_ratios, diarize_targets = measure_diarization(ferrum_command(), console)
+
     by = {(r["scenario"], r["system"]): r for r in rows}
     ours = by[("longform", "ferrum")]
 
@@ -412,8 +417,8 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
-    ratios |= server_ratios | live_ratios | cluster_ratios
-    targets |= server_targets | live_targets | cluster_targets
+    ratios |= server_ratios | live_ratios | cluster_ratios | diarize_ratios
+    targets |= server_targets | live_targets | cluster_targets | diarize_targets
     if not on_cpu:
         targets = {}  # the targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
@@ -462,6 +467,7 @@ def main() -> None:
         "server_rows": server_rows,
         "live_row": live_row,
         "cluster_rows": cluster_rows,
+        "diarization_rows": diarize_rows,
         "ratios": ratios,
     }
     if no_faster:

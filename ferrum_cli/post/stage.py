@@ -20,6 +20,7 @@ from ..errors import FerrumError, UsageError
 from ..options import POST_FIELDS, TranscribeOptions
 from ..results import Transcription
 from . import diarizer
+from .diarizer import Turn
 from .speakers import assign_speakers, match_known
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
@@ -67,8 +68,8 @@ class PostProcess:
     # -- the steps -----------------------------------------------------------------------
 
     def _speakers(self, result: Transcription) -> Transcription:
-        if not result.segments:
-            return result  # no speech: no speakers, and the no-speech warning says so
+        """Turns even where Whisper gave no text (rttm says who spoke); with too little speech to
+        tell voices apart, one speaker and a warning."""
         samples = self._spool.samples()
         opts = self.options
         count = diarizer.SpeakerCount(opts.speakers, opts.min_speakers, opts.max_speakers)
@@ -76,12 +77,15 @@ class PostProcess:
         del samples
         turns = found.turns
         heard = sum(t.end - t.start for t in turns)
-        if heard < diarizer.MIN_SPEECH_SECONDS:
+        if not result.segments and not turns:
+            return result  # silence: no speakers, and the no-speech warning says so
+        if heard < diarizer.MIN_SPEECH_SECONDS and result.segments:
             result.warnings.append(
                 f"too little speech to tell speakers apart ({heard:.1f} s; diarization needs "
-                f"{diarizer.MIN_SPEECH_SECONDS:.0f} s): transcribed without speakers"
+                f"{diarizer.MIN_SPEECH_SECONDS:.0f} s): all of it is given to one speaker"
             )
-            return result
+            spans = [(t.start, t.end) for t in turns] or [(s.start, s.end) for s in result.segments]
+            return assign_speakers(result, [Turn(a, b, 0) for a, b in spans], opts.speaker_names)
         known = match_known(found.voices, self._known_voices(), diarizer.SAME_VOICE) if opts.known_speakers else {}
         return assign_speakers(result, turns, opts.speaker_names, known)
 
