@@ -135,7 +135,7 @@ def test_word_timestamps_on_jfk(executor):
     assert all(0 <= w.probability <= 1 for w in found)
     assert all(type(getattr(w, key)) is float for w in found for key in ("start", "end", "probability"))
     onset = speech_regions(decode_file(path).samples, VadOptions(speech_pad_ms=0))[0][0] / SAMPLE_RATE
-    assert abs(found[0]["start"] - onset) <= 0.3
+    assert abs(found[0].start - onset) <= 0.3
 
 
 def test_srt_line_limits_hold(tmp_path):
