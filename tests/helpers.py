@@ -1,5 +1,5 @@
 """What the tests share: the corpus in ../shared, the real `ferrum` executable, audio built in
-code, and word error counts."""
+code, word error counts, and the diarization error rate (pyannote.metrics)."""
 
 from __future__ import annotations
 
@@ -137,3 +137,28 @@ def words(text: str) -> str:
     from whisper.normalizers import EnglishTextNormalizer
 
     return EnglishTextNormalizer()(text)
+
+
+def rttm_annotation(rttm: str, uri: str):
+    """One file's turns in an RTTM, as pyannote.core's Annotation."""
+    from pyannote.core import Annotation
+    from pyannote.core import Segment as Span
+
+    turns = Annotation(uri=uri)
+    for line in rttm.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "SPEAKER" and parts[1] == uri:
+            start, duration = float(parts[3]), float(parts[4])
+            turns[Span(start, start + duration)] = parts[7]
+    return turns
+
+
+def diarization_error_rate(rttm: str, uri: str, collar: float = 0.5) -> float:
+    """pyannote.metrics' DER; its collar is the whole width (0.5: ±0.25 s), overlaps scored."""
+    from pyannote.core import Timeline
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    reference = rttm_annotation((CORPUS / "diarization" / f"{uri}.rttm").read_text(), uri)
+    hypothesis = rttm_annotation(rttm, uri)
+    scored = Timeline([(reference.get_timeline() | hypothesis.get_timeline()).extent()])
+    return DiarizationErrorRate(collar=collar, skip_overlap=False)(reference, hypothesis, uem=scored)

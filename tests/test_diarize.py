@@ -14,33 +14,9 @@ from ferrum_cli.post.diarizer import Turn
 from ferrum_cli.post.speakers import assign_speakers
 from ferrum_cli.results import Segment, Transcription, Word
 
-from .helpers import CORPUS, FERRUM, JFK, corpus, run_ferrum, wav_bytes
+from .helpers import FERRUM, JFK, corpus, diarization_error_rate, run_ferrum, wav_bytes
 
 TWO_SPEAKERS = "diarization/pyannote_sample.wav"
-
-
-def annotation(rttm: str, uri: str):
-    from pyannote.core import Annotation
-    from pyannote.core import Segment as Span
-
-    turns = Annotation(uri=uri)
-    for line in rttm.splitlines():
-        parts = line.split()
-        if parts and parts[0] == "SPEAKER" and parts[1] == uri:
-            start, duration = float(parts[3]), float(parts[4])
-            turns[Span(start, start + duration)] = parts[7]
-    return turns
-
-
-def error_rate(rttm: str, uri: str, collar: float = 0.5) -> float:
-    """pyannote.metrics' DER; its collar is the whole width (0.5: ±0.25 s), overlaps scored."""
-    from pyannote.metrics.diarization import DiarizationErrorRate
-
-    reference, hypothesis = annotation((CORPUS / "diarization" / f"{uri}.rttm").read_text(), uri), annotation(rttm, uri)
-    from pyannote.core import Timeline
-
-    scored = Timeline([(reference.get_timeline() | hypothesis.get_timeline()).extent()])
-    return DiarizationErrorRate(collar=collar, skip_overlap=False)(reference, hypothesis, uem=scored)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +30,7 @@ def two_speakers(tmp_path_factory):
 def test_two_speakers_are_told_apart_as_the_reference_has_them(two_speakers):
     rttm = (two_speakers / "pyannote_sample.rttm").read_text()
     assert {line.split()[7] for line in rttm.splitlines()} == {"SPEAKER_00", "SPEAKER_01"}
-    assert error_rate(rttm, "pyannote_sample") <= 0.2  # senko's own figure on it is 9.7%
+    assert diarization_error_rate(rttm, "pyannote_sample") <= 0.2  # senko's own figure on it is 9.7%
 
 
 def test_every_format_carries_the_speaker(two_speakers):
