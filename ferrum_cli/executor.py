@@ -154,7 +154,7 @@ class WhisperModelExecutor:
                     post.hear(samples)
                     result = transcribe_sequential(model, samples, engine, each_segment)
                 else:
-                    chunks = post.tap(lambda opened=chunks: opened)()
+                    chunks = post.tap_chunks(chunks)
                     result = transcribe_batched(model, chunks, engine, each_segment, on_progress)
                 warning = warning or getattr(chunks, "warning", None)
                 if warning:
@@ -222,7 +222,7 @@ class WhisperModelExecutor:
             opener = post.tap(audio_opener(source))
             return SourceRequest(key, opener, live=isinstance(source, AudioStream) and source.live)
 
-        final = options.for_engine() == options  # no stage after the engine: its segments are final
+        final = not PostProcess.runs_for(options)  # no stage after the engine: its segments are final
         with self._lock:
             self._state = "busy"
             try:

@@ -147,7 +147,7 @@ class TranscribeOptions:
     def record(self) -> dict:
         """The options as a transcription's result records them: the stages after the engine only
         where they ran, so a plain run's record is what it was before they existed."""
-        used = asdict(self)
+        used = asdict(replace(self, known_speakers=()))  # not a deep copy of their samples' audio
         if not self.diarize:
             for name in POST_FIELDS:
                 used.pop(name)

