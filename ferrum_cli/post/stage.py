@@ -35,6 +35,8 @@ class PostProcess:
         self.engine_options = options.for_engine()
         self._spool = AudioSpool() if self.runs_for(options) else None
         self._known_samples = self._decode_known() if self.runs_for(options) else {}
+        if options.diarize:
+            diarizer.preload(device)
 
     @staticmethod
     def runs_for(options: TranscribeOptions) -> bool:
