@@ -24,7 +24,7 @@ def frame_levels(samples: np.ndarray) -> np.ndarray:
     return np.sqrt(np.square(frames.reshape(n, VAD_FRAME), dtype=np.float64).mean(axis=1))
 
 
-def _gain_to_normal(loudest: np.ndarray) -> np.ndarray:
+def gain_to_normal(loudest: np.ndarray) -> np.ndarray:
     """Gain that brings `loudest` up to NORMAL_LEVEL, never down; digital silence stays as it is."""
     return np.maximum(NORMAL_LEVEL / np.maximum(loudest, np.finfo(np.float32).tiny), 1.0)
 
@@ -41,7 +41,7 @@ def raised_for_vad(samples: np.ndarray) -> np.ndarray:
         return samples
     padded = np.concatenate([np.zeros(REACH), levels, np.zeros(REACH)])
     local = np.lib.stride_tricks.sliding_window_view(padded, 2 * REACH + 1).max(axis=1)
-    gain = _gain_to_normal(local)
+    gain = gain_to_normal(local)
     if gain.max() <= 1.0:
         return samples
     centres = np.arange(len(gain)) * VAD_FRAME + VAD_FRAME / 2
