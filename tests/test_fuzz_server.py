@@ -17,8 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .helpers import SAMPLE, wav_bytes
-from .test_serve import RunningServer
+from .helpers import SAMPLE, RunningServer, wav_bytes
 
 EXAMPLES = int(os.environ.get("FERRUM_FUZZ_EXAMPLES", "60"))
 TIMEOUT = 120  # seconds: a request that takes longer has hung

@@ -19,6 +19,7 @@ from .helpers import (
     FERRUM,
     JFK,
     SAMPLE,
+    RunningServer,
     clip_text,
     corpus,
     corpus_rows,
@@ -33,43 +34,6 @@ from .helpers import (
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency (make install)")
 KEY = "test-key-123"
-
-
-class RunningServer:
-    """`ferrum serve` as a user starts it; stderr is kept for the checks on its log."""
-
-    def __init__(self, *args: str, ready_timeout: float = 180, program: list[str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = Path(f"/tmp/ferrum-serve-{self.port}.log")
-        self.log_file = open(self.log, "w+b")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*(program or [FERRUM]), "serve", "--port", str(self.port), *args],
-            stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"ferrum serve exited: {self.output()}"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise AssertionError(f"ferrum serve not ready in {ready_timeout} s: {self.output()}")
-
-    def output(self) -> str:
-        if not self.log_file.closed:
-            self.log_file.flush()
-        return self.log.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(60)
-        self.log_file.close()
-        return code
 
 
 @pytest.fixture(scope="module")

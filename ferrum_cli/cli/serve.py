@@ -24,6 +24,8 @@ from .transcribe import (
 )
 
 SERVER_PANEL = "Server"
+# a WebSocket message past this closes the connection (1009); one past OpenAI's 15 MiB under it gets an error event
+WS_MAX_MESSAGE_BYTES = 32 << 20
 HEADER_SECONDS = 15.0  # for a request's headers to arrive
 LIMITS_PANEL = "Limits"
 
@@ -78,6 +80,14 @@ def serve(
             help="Open connections; past it the slowest waiting one is dropped.", min=1, rich_help_panel=LIMITS_PANEL
         ),
     ] = 500,  # fmt: skip
+    max_streams: Annotated[
+        int,
+        typer.Option(
+            help="Live streams at once (/v1/realtime and /v1/audio/stream); past it a new one gets 429.",
+            min=1,
+            rich_help_panel=LIMITS_PANEL,
+        ),
+    ] = 32,  # fmt: skip
     request_timeout: Annotated[
         float,
         typer.Option(
@@ -112,6 +122,7 @@ def serve(
     settings = ServerSettings(
         model=model, device=device, dtype=dtype.value, threads=threads, api_key=api_key or None,
         max_queue_seconds=max_queue_seconds, max_upload_mb=max_upload_mb, share_batches=share_batches, options=options,
+        max_streams=max_streams,
     )  # fmt: skip
     fatal = []
 
@@ -131,6 +142,7 @@ def serve(
     config = uvicorn.Config(
         create_app(settings, on_fatal), host=host, port=port, log_level="info", timeout_graceful_shutdown=grace,
         lifespan="on", server_header=False, http=protocol, backlog=BACKLOG,
+        ws_max_size=WS_MAX_MESSAGE_BYTES,
     )  # fmt: skip
     server = uvicorn.Server(config)
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn re-raises the signal it shut down on, to these

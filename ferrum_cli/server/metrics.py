@@ -26,7 +26,9 @@ class ServerMetrics:
             "ferrum_request_latency_seconds", "From the upload received to the answer, by endpoint.", ["endpoint"],
             buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300), registry=r,
         )  # fmt: skip
-        self.live_streams = Gauge("ferrum_live_streams", "Live streams open on /v1/audio/stream.", registry=r)
+        self.live_streams = Gauge(
+            "ferrum_live_streams", "Live streams open on /v1/audio/stream and /v1/realtime.", registry=r
+        )
         self.cancelled = Counter("ferrum_requests_cancelled", "Requests whose client went away.", registry=r)
 
     def exposition(self) -> tuple[bytes, str]:

@@ -1,4 +1,4 @@
-"""The endpoints, by area: `audio` (OpenAI's uploads and the live WebSocket) and `service`
+"""The endpoints, by area: `audio` (OpenAI's uploads, its Realtime WebSocket and ferrum's live one) and `service`
 (models, health, metrics). Each takes the Server from the app and its checked request from
 requests.py; the work is the Server's."""
 
@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .openai_format import APIError
+from .realtime import realtime, refuse_busy
 from .requests import TranslationUpload, Upload
 from .state import Server, model_list
 from .stream import stream
@@ -53,11 +54,27 @@ async def translations(
 
 @audio.websocket("/v1/audio/stream")
 async def audio_stream(websocket: WebSocket):
+    await live(websocket, stream)
+
+
+@audio.websocket("/v1/realtime")
+async def realtime_stream(websocket: WebSocket):
+    await live(websocket, realtime)
+
+
+async def live(websocket: WebSocket, handler) -> None:
+    """A live stream in one of the server's slots for them (429 when all are taken); a bug is one line in the log."""
+    server: Server = websocket.app.state.server
+    if not server.streams.open():
+        await refuse_busy(websocket, server.streams.limit)
+        return
     try:
-        await stream(websocket, websocket.app.state.server)
-    except Exception as exc:  # a bug: one line in the log
-        log.error("internal error on /v1/audio/stream: %s: %s", type(exc).__name__, exc)
+        await handler(websocket, server)
+    except Exception as exc:
+        log.error("internal error on %s: %s: %s", websocket.url.path, type(exc).__name__, exc)
         log.debug("internal error", exc_info=True)
+    finally:
+        server.streams.close()
 
 
 @service.get("/v1/models")

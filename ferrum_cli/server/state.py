@@ -29,6 +29,11 @@ from .uploads import decode_upload
 
 log = logging.getLogger("ferrum.server")
 MODEL_ALIASES = ("whisper-1",)  # what clients written for OpenAI send
+# OpenAI's other transcription models, which clients of its Realtime API name: served by this model, not listed
+OPENAI_TRANSCRIPTION_MODELS = (
+    "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15", "gpt-4o-transcribe-diarize",
+    "gpt-transcribe", "gpt-live-transcribe", "gpt-realtime-whisper",
+)  # fmt: skip
 DEFAULT_RATE = 10.0  # audio seconds per second assumed for Retry-After until the server has measured its own
 RATE_MEMORY_SECONDS = 600.0  # busy time after which the measured rate halves its past
 DISCONNECT_POLL_SECONDS = 0.25
@@ -46,6 +51,7 @@ class ServerSettings:
     max_queue_seconds: float = 3600.0  # audio queued or being decoded, over all requests
     max_upload_mb: float = 25.0  # OpenAI's own limit
     share_batches: bool = True  # False: one request at a time (to measure what sharing gains)
+    max_streams: int = 32  # live streams open at once (/v1/realtime, /v1/audio/stream)
     options: TranscribeOptions = TranscribeOptions()  # batch size, compute; the rest comes per request
 
 
@@ -100,6 +106,23 @@ class Admission:
         self._counted_to = now
 
 
+class StreamSlots:
+    """Live streams open at once, bounded: each holds a VAD and audio, and feeds the engine in real time."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.open_now = limit, 0
+
+    def open(self) -> bool:
+        """Take a slot; False when all are taken (the caller refuses the stream)."""
+        if self.open_now >= self.limit:
+            return False
+        self.open_now += 1
+        return True
+
+    def close(self) -> None:
+        self.open_now -= 1
+
+
 class Server:
     """The state behind the endpoints: the model (loaded on a thread while /health says so),
     the engine, the queue's admission, the metrics."""
@@ -109,6 +132,7 @@ class Server:
         self.state, self.executor, self.service = "loading", None, None
         self.model_name = settings.model
         self.admission = Admission(settings.max_queue_seconds)
+        self.streams = StreamSlots(settings.max_streams)
         self.metrics = ServerMetrics()
         self.folder = Path(tempfile.mkdtemp(prefix="ferrum-serve-"))
 
@@ -161,7 +185,7 @@ class Server:
             raise APIError(503, "the engine stopped; the server is shutting down", "server_error", code="unavailable")
         if self.state != "ready":
             raise APIError(503, f"the model is {self.state}; try again shortly", "server_error", code="model_loading")
-        accepted = {self.model_name, self.settings.model, *MODEL_ALIASES}
+        accepted = {self.model_name, self.settings.model, *MODEL_ALIASES, *OPENAI_TRANSCRIPTION_MODELS}
         if model is not None and model.strip() and model.strip() not in accepted:
             raise APIError.of(
                 ModelNotFoundError(
