@@ -3,7 +3,8 @@
 Scenarios (the performance issue's): the English clips joined 6 times (about 603 s), the 12
 English clips in one process, the cold start on the JFK clip, peak memory on a 10- and a
 60-minute file, `ferrum serve` under concurrent clients (serve_bench.py) and the longform
-through `--live` at real-time pace (live_bench.py). Same audio, same base weights (the installed
+through `--live` at real-time pace (live_bench.py) and through /v1/realtime from the openai
+client (realtime_bench.py). Same audio, same base weights (the installed
 pack), greedy decoding, language given. Every system runs in its own process; peak RSS is
 that process's. The machines are noisy, so the systems of a scenario take turns, BENCH_ROUNDS
 times (2), and the best time counts; WER is the mean over the runs (openai-whisper's fallback
@@ -362,6 +363,21 @@ def main() -> None:
         (audio["reversed"], audio["reversed_ref"]),
     )  # fmt: skip
 
+    console.print(f"[b]realtime[/b]: the longform to /v1/realtime from the openai client at real time ({lf_s:.0f} s, "
+                  "realtime_bench.py)")  # fmt: skip
+    from realtime_bench import measure as measure_realtime
+    from serve_bench import Served
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    served = Served()
+    try:
+        realtime_row, realtime_ratios, realtime_targets = measure_realtime(
+            served.url, decode_file(lf).samples, audio["layouts"]["longform"], lf_ref, wer, console
+        )
+    finally:
+        served.stop()
+
     console.print("[b]cluster[/b]: the longform and the 12 clips, --cluster local with one worker (cluster_bench.py)")
     from cluster_bench import measure as measure_cluster
 
@@ -417,8 +433,8 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
-    ratios |= server_ratios | live_ratios | cluster_ratios | diarize_ratios
-    targets |= server_targets | live_targets | cluster_targets | diarize_targets
+    ratios |= server_ratios | live_ratios | realtime_ratios | cluster_ratios | diarize_ratios
+    targets |= server_targets | live_targets | realtime_targets | cluster_targets | diarize_targets
     if not on_cpu:
         targets = {}  # the targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
@@ -466,6 +482,7 @@ def main() -> None:
         "rows": rows,
         "server_rows": server_rows,
         "live_row": live_row,
+        "realtime_row": realtime_row,
         "cluster_rows": cluster_rows,
         "diarization_rows": diarize_rows,
         "ratios": ratios,
