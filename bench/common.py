@@ -28,6 +28,22 @@ def english_rows() -> list[dict]:
     return [r for r in rows if r["language"] == "en" and r["reference_transcript"] != "none"]
 
 
+def english_longforms(copies: int) -> dict:
+    """The English clips joined `copies` times, and reversed 4 times (run_bench's check), each
+    as (samples, layout, reference), for the scenarios run alone."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    rows = english_rows()
+    clips = [str(CORPUS / r["file"]) for r in rows]
+    decoded = [decode_file(c).samples for c in clips]
+    refs = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
+    out = {}
+    for name, order, times in (("longform", slice(None), copies), ("reversed", slice(None, None, -1), 4)):
+        samples, layout = joined(clips[order], decoded[order], times)
+        out[name] = (samples, layout, " ".join(refs[clip] for clip, _, _ in layout))
+    return out
+
+
 def write_wav(path: Path, samples: np.ndarray) -> None:
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(SR)

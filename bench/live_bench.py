@@ -75,6 +75,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def latency_figures(delays: list[float], layout: list) -> dict:
+    """Copies heard, and the p50, p95 and worst of their latencies."""
+    return {
+        "copies": len(layout),
+        "copies_heard": len(delays),
+        "latency_p50": round(statistics.median(delays), 2) if delays else None,
+        "latency_p95": round(percentile(delays, 0.95), 2) if delays else None,
+        "latency_max": round(max(delays), 2) if delays else None,
+    }
+
+
 def offline_text(ferrum: list[str], wav: str) -> str:
     out = subprocess.run([*ferrum, "transcribe", wav, "-f", "json", "-q", "--language", "en"], capture_output=True)
     if out.returncode != 0:
@@ -106,11 +117,7 @@ def measure(
     row = {
         "scenario": "live",
         "system": f"ferrum --live, paced at {SPEED:g}x real time",
-        "copies": len(layout),
-        "copies_heard": len(delays),
-        "latency_p50": round(statistics.median(delays), 2) if delays else None,
-        "latency_p95": round(percentile(delays, 0.95), 2) if delays else None,
-        "latency_max": round(max(delays), 2) if delays else None,
+        **latency_figures(delays, layout),
         "wer_live": round(wer(reference, live_text), 4),
         "wer_offline": round(wer(reference, offline), 4),
     }
@@ -145,23 +152,14 @@ if __name__ == "__main__":
     from rich.console import Console
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import CORPUS, english_rows, ferrum_command, joined, wer, write_wav
+    from common import english_longforms, ferrum_command, wer, write_wav
 
-    from ferrum_cli.audio.ffmpeg import decode_file
-
-    copies = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-    rows = english_rows()
-    clips = [str(CORPUS / r["file"]) for r in rows]
-    decoded = [decode_file(c).samples for c in clips]
-    samples, layout = joined(clips, decoded, copies)
-    backwards, reversed_layout = joined(clips[::-1], decoded[::-1], 4)  # as run_bench's check
-    refs = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
+    audio = english_longforms(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    (samples, layout, reference), (backwards, _, check_reference) = audio["longform"], audio["reversed"]
     with tempfile.TemporaryDirectory() as work:
         wav, check = str(Path(work) / "longform.wav"), str(Path(work) / "reversed.wav")
         write_wav(Path(wav), samples)
         write_wav(Path(check), backwards)
-        reference = " ".join(refs[clip] for clip, _, _ in layout)
-        check_reference = " ".join(refs[clip] for clip, _, _ in reversed_layout)
         row, ratios, targets = measure(
             ferrum_command(), wav, layout, reference, wer, Console(), (check, check_reference)
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import statistics
 import sys
 import threading
 import time
@@ -77,7 +76,7 @@ def latencies(events: list[tuple[float, dict]], layout: list[tuple[str, float, f
 
 def measure(url: str, samples: np.ndarray, layout: list, reference: str, wer, console) -> tuple[dict, dict, dict]:
     """(row, ratios, targets) of the Realtime scenario, against a running `ferrum serve` at url."""
-    from live_bench import percentile
+    from live_bench import latency_figures
 
     events, _ = realtime_run(url, samples)
     text = " ".join(e["transcript"] for _, e in events if e["type"] == COMPLETED)
@@ -85,11 +84,7 @@ def measure(url: str, samples: np.ndarray, layout: list, reference: str, wer, co
     row = {
         "scenario": "realtime",
         "system": "ferrum serve /v1/realtime, openai client at real time",
-        "copies": len(layout),
-        "copies_heard": len(delays),
-        "latency_p50": round(statistics.median(delays), 2) if delays else None,
-        "latency_p95": round(percentile(delays, 0.95), 2) if delays else None,
-        "latency_max": round(max(delays), 2) if delays else None,
+        **latency_figures(delays, layout),
         "wer_realtime": round(wer(reference, text), 4),
     }
     console.print(
@@ -105,17 +100,10 @@ if __name__ == "__main__":
     from rich.console import Console
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import CORPUS, english_rows, joined, wer
+    from common import english_longforms, wer
     from serve_bench import Served
 
-    from ferrum_cli.audio.ffmpeg import decode_file
-
-    copies = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    rows = english_rows()
-    clips = [str(CORPUS / r["file"]) for r in rows]
-    samples, layout = joined(clips, [decode_file(c).samples for c in clips], copies)
-    refs = {c: r["reference_transcript"] for c, r in zip(clips, rows)}
-    reference = " ".join(refs[clip] for clip, _, _ in layout)
+    samples, layout, reference = english_longforms(int(sys.argv[1]) if len(sys.argv) > 1 else 3)["longform"]
     served = Served()
     try:
         row, ratios, targets = measure(served.url, samples, layout, reference, wer, Console())

@@ -196,6 +196,13 @@ class RunningServer:
             self.log_file.flush()
         return self.log.read_text(errors="replace")
 
+    def stop_cleanly(self) -> None:
+        """Stop it as a user would; it must exit 0 with no traceback in its log."""
+        code = self.stop()
+        log = self.output()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
