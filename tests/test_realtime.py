@@ -127,6 +127,7 @@ def test_a_paced_recording_gives_its_sentences_as_completed_events_while_it_play
                            "input_audio_buffer.committed"], own  # fmt: skip
         assert own[-1] == COMPLETED and set(own[3:-1]) <= {DELTA}, own
     completed = [(t, e) for t, e in events if e["type"] == COMPLETED]
+    assert [e["item_id"] for _, e in completed] == [i["item_id"] for i in items], "not in the order committed"
     assert completed[0][0] < sent["at"], "no transcript came while the recording played"
     for _, event in completed:
         deltas = "".join(e["delta"] for _, e in events if e["type"] == DELTA and e["item_id"] == event["item_id"])

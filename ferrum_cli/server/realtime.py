@@ -63,6 +63,8 @@ class RealtimeSession:
         self.last_item: str | None = None
         self.items: dict[str, Ticket] = {}  # being transcribed
         self.deliveries: set[asyncio.Task] = set()
+        self.delivered = asyncio.Event()  # the last committed item's events are all sent
+        self.delivered.set()
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write())
@@ -223,15 +225,26 @@ class RealtimeSession:
         try:
             self.server.service.submit(ticket)
         except ServiceError as exc:
-            self._failed(item, APIError.of(exc))
+            self._failed(
+                item, APIError.of(exc)
+            )  # the items before it may still be decoding: this one has no text to wait with
             return
         self.items[item] = ticket
-        task = asyncio.create_task(self._deliver(item, job, len(turn.samples)))
+        before, self.delivered = self.delivered, asyncio.Event()
+        task = asyncio.create_task(self._deliver(item, job, len(turn.samples), before, self.delivered))
         self.deliveries.add(task)
         task.add_done_callback(self.deliveries.discard)
 
-    async def _deliver(self, item: str, job: Job, samples: int) -> None:
-        """The item's segments as deltas while the engine decodes it, then its whole transcript."""
+    async def _deliver(self, item: str, job: Job, samples: int, before: asyncio.Event, done: asyncio.Event) -> None:
+        """The item's segments as deltas while the engine decodes it, then its whole transcript;
+        in the order the items were committed (the engine may finish a later, shorter one first)."""
+        await before.wait()
+        try:
+            await self._deliver_events(item, job, samples)
+        finally:
+            done.set()
+
+    async def _deliver_events(self, item: str, job: Job, samples: int) -> None:
         first = True
         while True:
             kind, value = await job.events.get()
