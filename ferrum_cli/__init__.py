@@ -1,6 +1,7 @@
 """ferrum-cli: fast, careful Whisper speech-to-text. The library's API is here: the executor,
-its options and its results, the writers' table, ffmpeg's AudioStream, and the long-lived engine
-(EngineService) with its Ticket and audio_opener; ferrum_cli.errors has the typed errors. The
+its options and its results, the writers' table, ffmpeg's AudioStream, raw PCM's decoder and
+the turns of live speech (PcmDecoder, InputBuffer), and the long-lived engine (EngineService)
+with its Ticket and audio_opener; ferrum_cli.errors has the typed errors. The
 CLI, the server and the cluster's workers use only this, the modules it names, and
 ferrum_cli.executor (tests/test_layout.py)."""
 
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from .audio.constants import SAMPLE_RATE
 from .audio.ffmpeg import AudioStream
+from .audio.pcm import PcmDecoder, PcmFormat
+from .audio.turns import InputBuffer, SpeechStarted, SpeechStopped, Turn, TurnSettings
 from .options import TranscribeOptions, VadOptions
 from .platform import deferred_numba
 from .results import Segment, Transcription
@@ -24,8 +27,9 @@ if TYPE_CHECKING:
     from .executor import WhisperModelExecutor, audio_opener
 
 __all__ = [
-    "FORMATS", "SAMPLE_RATE", "WRITERS", "AudioStream", "EngineService", "Segment", "SubtitleLayout", "Ticket",
-    "TranscribeOptions", "Transcription", "VadOptions", "WhisperModelExecutor", "__version__", "audio_opener", "render",
+    "FORMATS", "SAMPLE_RATE", "WRITERS", "AudioStream", "EngineService", "InputBuffer", "PcmDecoder", "PcmFormat",
+    "Segment", "SpeechStarted", "SpeechStopped", "SubtitleLayout", "Ticket", "TranscribeOptions", "Transcription",
+    "Turn", "TurnSettings", "VadOptions", "WhisperModelExecutor", "__version__", "audio_opener", "render",
 ]  # fmt: skip
 
 

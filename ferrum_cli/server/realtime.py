@@ -19,9 +19,7 @@ import secrets
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .. import Ticket
-from ..audio.pcm import PcmDecoder
-from ..audio.turns import InputBuffer, SpeechStarted, SpeechStopped, Turn
+from .. import InputBuffer, PcmDecoder, SpeechStarted, SpeechStopped, Ticket, Turn
 from ..errors import FerrumError, ServiceError
 from ..options import TranscribeOptions
 from ..results import Transcription

@@ -7,8 +7,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 
-from ..audio.pcm import PcmFormat
-from ..audio.turns import TurnSettings
+from .. import PcmFormat, TurnSettings
 
 GA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "pcmu", "audio/pcma": "pcma"}
 BETA_FORMATS = {"pcm16": "pcm16", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}
