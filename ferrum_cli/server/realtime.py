@@ -19,7 +19,7 @@ import secrets
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .. import InputBuffer, PcmDecoder, SpeechStarted, SpeechStopped, Ticket, Turn
+from .. import SAMPLE_RATE, InputBuffer, PcmDecoder, SpeechStarted, SpeechStopped, Ticket, Turn
 from ..errors import FerrumError, ServiceError
 from ..options import TranscribeOptions
 from ..results import Transcription
@@ -38,6 +38,10 @@ OUTBOX_EVENTS = 1024  # server events waiting for a slow reader, at most; past t
 
 def event_id() -> str:
     return "event_" + secrets.token_hex(10)
+
+
+def item_id() -> str:
+    return "item_" + secrets.token_hex(10)
 
 
 def error_event(message: str, code: str | None, param: str | None = None, client_event: str | None = None,
@@ -179,11 +183,11 @@ class RealtimeSession:
         events = await asyncio.to_thread(self._hear, data)  # Silero reads the frames: off the event loop
         for found in events:
             if isinstance(found, SpeechStarted):
-                self.speech_item = "item_" + secrets.token_hex(10)
+                self.speech_item = item_id()
                 self.send({"type": "input_audio_buffer.speech_started", "event_id": event_id(),
                            "audio_start_ms": found.start_ms, "item_id": self.speech_item})  # fmt: skip
             elif isinstance(found, SpeechStopped):
-                item = self.speech_item or "item_" + secrets.token_hex(10)
+                item = self.speech_item or item_id()
                 self.send({"type": "input_audio_buffer.speech_stopped", "event_id": event_id(),
                            "audio_end_ms": found.turn.end_ms, "item_id": item})  # fmt: skip
                 self.speech_item = None
@@ -211,7 +215,7 @@ class RealtimeSession:
     # -- items ---------------------------------------------------------------------------
 
     def _commit(self, turn: Turn, item: str | None = None) -> None:
-        item = item or "item_" + secrets.token_hex(10)
+        item = item or item_id()
         self.send({"type": "input_audio_buffer.committed", "event_id": event_id(), "item_id": item,
                    "previous_item_id": self.last_item})  # fmt: skip
         self.last_item = item
@@ -265,7 +269,7 @@ class RealtimeSession:
         self.send({
             "type": "conversation.item.input_audio_transcription.completed", "event_id": event_id(),
             "item_id": item, "content_index": 0, "transcript": "".join(s.text for s in result.segments).strip(),
-            "usage": {"type": "duration", "seconds": round(samples / 16000, 3)},
+            "usage": {"type": "duration", "seconds": round(samples / SAMPLE_RATE, 3)},
         })  # fmt: skip
 
     def _failed(self, item: str, error: APIError) -> None:
@@ -294,9 +298,7 @@ async def realtime(websocket: WebSocket, server) -> None:
     try:
         server.check_model(None)
     except APIError as exc:
-        await websocket.accept()
-        await websocket.send_text(strict_json(error_event(exc.message, exc.code, kind=exc.type)))
-        await websocket.close(1013)
+        await _refuse_with_event(websocket, exc)
         return
     server.metrics.live_streams.inc()
     try:
@@ -320,6 +322,11 @@ async def refuse_busy(websocket: WebSocket, limit: int) -> None:
         return
     except RuntimeError:
         pass
+    await _refuse_with_event(websocket, error)
+
+
+async def _refuse_with_event(websocket: WebSocket, error: APIError) -> None:
+    """The error as the connection's one event, then a close meaning "try again later"."""
     await websocket.accept()
     await websocket.send_text(strict_json(error_event(error.message, error.code, kind=error.type)))
     await websocket.close(1013)
