@@ -3,19 +3,54 @@
 from __future__ import annotations
 
 import os
+import queue
 import resource
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 from .audio.ffmpeg import AudioStream
 from .errors import ExecutorStateError, FerrumError, UsageError
 from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
-from .post import PostProcess
 from .results import Segment, Transcription
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .engine.service import Ticket
+
+AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], "np.ndarray", AudioStream]
+LOOK_AHEAD = 2  # batches' worth of inputs submitted ahead of the one being read: short ones share a batch
+
+
+@dataclass(frozen=True)
+class _Callbacks:
+    """transcribe_many's callbacks, each by an input's key; tickets bring them to the caller's thread."""
+
+    on_segment: Callable[[object, Segment], None] | None = None
+    on_progress: Callable[[object, float], None] | None = None
+    on_partial: Callable[[object, Transcription], None] | None = None
+
+    def ticket(
+        self, number: int, key: object, source: AudioSource, options: TranscribeOptions, told: queue.SimpleQueue
+    ) -> Ticket:
+        """The input's ticket: what the engine's thread tells of it goes into `told`, its result
+        as (None, number, result)."""
+        from .engine.service import Ticket
+
+        def tell(callback):
+            return (lambda value, *_: told.put((callback, key, value))) if callback else None
+
+        return Ticket(
+            audio_opener(source), options, tell(self.on_segment), lambda result: told.put((None, number, result)),
+            live=isinstance(source, AudioStream) and source.live, on_progress=tell(self.on_progress),
+            on_partial=tell(self.on_partial),
+        )  # fmt: skip
 
 
 @dataclass
@@ -92,13 +127,12 @@ class WhisperModelExecutor:
         """One real forward pass (the encoder and the decoder's steps) on 1 s of noise; returns seconds."""
         import numpy as np
 
-        from .engine.batched import transcribe_batched
-
-        model = self._require_model()
+        self._require_model()
         start = time.perf_counter()
-
         noise = np.random.default_rng(0).normal(0, 0.05, 16000).astype(np.float32)
-        transcribe_batched(model, [noise], TranscribeOptions(language="en", temperature=(0.0,), vad=False))
+        options = TranscribeOptions(language="en", temperature=(0.0,), vad=False)
+        for _ in self._in_order([(None, noise)], options, _Callbacks(), count=False):
+            pass
         return time.perf_counter() - start
 
     def shutdown(self) -> None:
@@ -122,131 +156,88 @@ class WhisperModelExecutor:
 
     def transcribe(
         self,
-        audio: str | os.PathLike[str] | bytes,
+        audio: str | os.PathLike[str] | bytes | np.ndarray,
         options: TranscribeOptions | None = None,
         on_segment: Callable[[Segment], None] | None = None,
         on_progress: Callable[[float], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> Transcription:
-        """The rich call: segments, language with its probability, duration, options."""
-        from .audio.ffmpeg import decode_bytes, decode_file, stream_file
-        from .engine.batched import transcribe_batched
-        from .engine.sequential import transcribe_sequential
-
-        model = self._require_model()
-        options = options or TranscribeOptions()
-        self.check_options(options)
-        post = PostProcess(options, self.device)
-        engine = post.engine_options
-        each_segment = on_segment if post.idle else None  # else once the stage has made them final
-        with self._lock:
-            self._state = "busy"
-            try:
-                if isinstance(audio, (bytes, bytearray, memoryview)):
-                    decoded = decode_bytes(bytes(audio))
-                    chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
-                elif engine.runs_sequentially:
-                    decoded = decode_file(audio)
-                    chunks, samples, warning = [decoded.samples], decoded.samples, decoded.warning
-                else:
-                    chunks, samples, warning = stream_file(audio), None, None
-                if samples is not None and engine.runs_sequentially:
-                    post.hear(samples)
-                    result = transcribe_sequential(model, samples, engine, each_segment)
-                else:
-                    chunks = post.tap_chunks(chunks)
-                    result = transcribe_batched(model, chunks, engine, each_segment, on_progress)
-                warning = warning or getattr(chunks, "warning", None)
-                if warning:
-                    result.warnings.append(warning)
-                    if on_warning:
-                        on_warning(warning)
-                result = self._post_process(post, result, on_segment)
-            except FerrumError:
-                self._counters.errors += 1
-                raise
-            finally:
-                post.close()
-                self._state = "ready" if self._model is not None else "shutdown"
-        self._count(result)
-        return result
-
-    @staticmethod
-    def _post_process(post: PostProcess, result: Transcription, on_segment=None) -> Transcription:
-        """The stage after the engine; its segments go to on_segment here when the engine could not give them final."""
-        if post.idle:
-            return result
-        result = post.apply(result)
-        for segment in result.segments if on_segment else ():
-            on_segment(segment)
+        """The rich call: segments, language with its probability, duration, options. A path, bytes
+        of any format ffmpeg reads, or float32 samples at 16 kHz; on_warning gets each of the
+        result's warnings. Raises the input's FerrumError."""
+        ((_, result),) = self.transcribe_many(
+            [(None, audio)],
+            options,
+            (lambda _, segment: on_segment(segment)) if on_segment else None,
+            (lambda _, seconds: on_progress(seconds)) if on_progress else None,
+        )
+        if isinstance(result, FerrumError):
+            raise result
+        for warning in result.warnings if on_warning else ():
+            on_warning(warning)
         return result
 
     def transcribe_many(
         self,
-        items: Iterable[tuple[object, str | os.PathLike[str] | bytes | Callable[[], bytes] | AudioStream]],
+        items: Iterable[tuple[object, AudioSource]],
         options: TranscribeOptions | None = None,
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
         on_partial: Callable[[object, Transcription], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
-        """(key, result or error) for each (key, path, bytes, a callable giving bytes, or an AudioStream), in order.
+        """(key, result or error) for each (key, source) of items, in order: a path, bytes, a
+        callable giving bytes, float32 samples at 16 kHz, or an AudioStream.
 
-        The batched engine decodes windows of several inputs together; an input that fails comes
-        back as its error and the rest go on. A live AudioStream is decoded stretch by stretch as
-        it arrives; on_partial gets its transcription so far after each new segment.
+        The inputs go through one EngineService, as the server's requests do: windows of several
+        inputs share batches, an input that fails comes back as its error and the rest go on. A
+        live AudioStream is decoded stretch by stretch as it arrives; on_partial gets its
+        transcription so far after each new segment. The callbacks run on the caller's thread.
         """
-        from .engine.batched import BatchedEngine, SourceRequest
-
-        model = self._require_model()
+        self._require_model()
         options = options or TranscribeOptions()
         self.check_options(options)
-        if options.runs_sequentially:
-            for key, source in items:
-                try:
-                    if isinstance(source, AudioStream):  # the sequential engine decodes the file whole
-                        source.close()
-                        source = source.source
-                    data = source() if callable(source) else source
-                    yield (
-                        key,
-                        self.transcribe(data, options, (lambda seg, k=key: on_segment(k, seg)) if on_segment else None),
-                    )
-                except FerrumError as exc:
-                    yield key, exc
-            return
-
-        posts: dict[int, PostProcess] = {}
-
-        def request(key, source) -> SourceRequest:
-            post = posts[id(key)] = PostProcess(options, self.device)
-            opener = post.tap(audio_opener(source))
-            return SourceRequest(key, opener, live=isinstance(source, AudioStream) and source.live)
-
-        final = not PostProcess.runs_for(options)  # no stage after the engine: its segments are final
         with self._lock:
             self._state = "busy"
             try:
-                engine = BatchedEngine(model, options.for_engine())
-                engine.on_partial = on_partial
-                segments = on_segment if final else None
-                for key, result in engine.run((request(k, s) for k, s in items), segments, on_progress):
-                    post = posts.pop(id(key))
-                    if not isinstance(result, FerrumError):
-                        try:
-                            each = (lambda seg, k=key: on_segment(k, seg)) if on_segment and not final else None
-                            result = self._post_process(post, result, each)
-                        except FerrumError as exc:
-                            result = exc
-                    post.close()
-                    if isinstance(result, FerrumError):
-                        self._counters.errors += 1
-                    else:
-                        self._count(result)
-                    yield key, result
+                yield from self._in_order(items, options, _Callbacks(on_segment, on_progress, on_partial))
             finally:
-                for post in posts.values():
-                    post.close()
                 self._state = "ready" if self._model is not None else "shutdown"
+
+    def _in_order(
+        self, items: Iterable[tuple[object, AudioSource]], options: TranscribeOptions, callbacks: _Callbacks,
+        count: bool = True,
+    ) -> Iterator[tuple[object, Transcription | FerrumError]]:  # fmt: skip
+        """items through a service of their own that reads them one after another; what its
+        thread tells is passed to the callbacks here, and the results are handed back in order.
+        Leaving early (an error, Ctrl-C) cancels what is left and waits for the batch in hand."""
+        from .engine.service import EngineService
+
+        told: queue.SimpleQueue = queue.SimpleQueue()  # (callback, key, value) from the engine's thread
+        service = EngineService(self._require_model(), in_order=True)
+        waiting: deque[tuple[int, object, Ticket]] = deque()  # submitted, not yet handed back, in order
+        results: dict[int, Transcription | FerrumError] = {}
+        numbered = enumerate(items)
+        try:
+            while True:
+                while len(waiting) < LOOK_AHEAD * options.batch_size and (item := next(numbered, None)):
+                    number, (key, source) = item
+                    waiting.append((number, key, service.submit(callbacks.ticket(number, key, source, options, told))))
+                if not waiting:
+                    return
+                callback, key, value = told.get()
+                if callback is None:  # key: the input's number
+                    results[key] = value
+                    if count:
+                        self._count_result(value)
+                else:
+                    callback(key, value)
+                while waiting and waiting[0][0] in results:
+                    number, key, _ = waiting.popleft()
+                    yield key, results.pop(number)
+        finally:
+            for _, _, ticket in waiting:
+                service.cancel(ticket)
+            service.close()
 
     def serve(self, share_batches: bool = True, on_batch=None):
         """A long-lived EngineService on this model, for callers on many threads (the server).
@@ -393,10 +384,14 @@ def verify_ahead(model: str) -> None:
     start_verifying(model)
 
 
-def audio_opener(source: str | os.PathLike[str] | bytes | Callable[[], bytes] | AudioStream) -> Callable:
+def audio_opener(source: AudioSource) -> Callable:
     """What the engine calls to start an input: its audio chunks, decoded by ffmpeg as they are read."""
+    import numpy as np
+
     from .audio.ffmpeg import decode_bytes, stream_file
 
+    if isinstance(source, np.ndarray):  # samples already: float32 at 16 kHz
+        return lambda: [np.asarray(source, dtype=np.float32)]
     if isinstance(source, AudioStream):
         return lambda: source
     if callable(source):

@@ -274,3 +274,50 @@ def test_the_engine_service_gives_each_ticket_what_transcribe_gives(executor):
     assert executor.status()["state"] == "ready"
     assert {c: r.text for c, r in results.items()} == alone
     assert segments[clips[2]] == "de" and segments[clips[0]] == "en"
+
+
+@needs_corpus
+def test_many_inputs_call_back_on_the_callers_thread_input_by_input(executor):
+    """transcribe_many runs the engine service's thread, and brings what it tells to the caller:
+    every callback on the caller's thread, each input's segments in time order, the inputs one
+    after another (a batch of files finishes file by file), results in input order."""
+    import threading
+
+    clips = [str(corpus(JFK)), str(corpus("en_timit_LDC93S1.wav")), str(corpus("en_harvard_speechbrain_example1.wav"))]
+    told = []
+
+    def on_segment(key, segment) -> None:
+        told.append(("segment", key, segment.start, threading.current_thread()))
+
+    def on_progress(key, seconds) -> None:
+        told.append(("progress", key, seconds, threading.current_thread()))
+
+    results = list(executor.transcribe_many([(c, c) for c in clips], TranscribeOptions(), on_segment, on_progress))
+    assert [key for key, _ in results] == clips
+    assert {thread for *_, thread in told} == {threading.main_thread()}
+    segments = [(key, start) for kind, key, start, _ in told if kind == "segment"]
+    assert [key for key, _ in segments] == sorted((key for key, _ in segments), key=clips.index)
+    for clip, result in results:
+        assert [start for key, start in segments if key == clip] == [s.start for s in result.segments]
+    progress = [(key, seconds) for kind, key, seconds, _ in told if kind == "progress"]
+    assert progress and all(0 < seconds <= dict(results)[key].duration for key, seconds in progress)
+
+
+@needs_corpus
+def test_samples_in_memory_read_as_their_file(executor):
+    path = corpus(JFK)
+    assert executor.transcribe(decode_file(path).samples).text == executor.transcribe(path).text
+
+
+@needs_corpus
+def test_leaving_many_inputs_early_stops_the_rest_and_frees_the_executor(executor):
+    """A caller that stops reading (an error, Ctrl-C) cancels the inputs not yet handed back; the
+    engine's thread ends and the executor takes the next call."""
+    import threading
+
+    clip = str(corpus(JFK))
+    for _ in executor.transcribe_many([(i, clip) for i in range(30)]):
+        break
+    assert executor.status()["state"] == "ready"
+    assert not [t for t in threading.enumerate() if t.name == "ferrum-engine"]
+    assert "ask not" in words(executor.transcribe(clip).text)

@@ -66,10 +66,10 @@ def test_a_fault_inside_a_batch_fails_its_input_and_the_next_input_is_served(ser
 def test_options_no_engine_can_run_fail_that_input_alone(service, monkeypatch):
     real_init = BatchedEngine.__init__
 
-    def refuse_translation(self, model, options):
+    def refuse_translation(self, model, options, *events_and_order):
         if options.task == "translate":
             raise ValueError("injected: no engine for these options")
-        real_init(self, model, options)
+        real_init(self, model, options, *events_and_order)
 
     monkeypatch.setattr(BatchedEngine, "__init__", refuse_translation)
     refused, served = Outcome(), Outcome()

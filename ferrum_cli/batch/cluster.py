@@ -75,10 +75,6 @@ class TranscriptionWorker:
 
     def transcribe(self, source: str | bytes, options):
         """The Transcription of a path or of a file's bytes, or its FerrumError."""
-        if options.runs_sequentially:  # one file at a time, in the sequential engine
-            with self.lock:
-                ((_, result),) = self.executor.transcribe_many([(0, source)], options)
-            return result
         from .. import Ticket, audio_opener
 
         with self.lock:

@@ -90,8 +90,7 @@ def start_decoding(plan: BatchPlan) -> Iterator[dict[Job, AudioStream]]:
     opened is left to run_batch, which reports it in its turn; one left unread is stopped."""
     started: dict[Job, AudioStream] = {}
     try:
-        options = plan.options
-        for job in [] if options.runs_sequentially else plan.jobs[: options.batch_size]:
+        for job in plan.jobs[: plan.options.batch_size]:
             try:
                 if (
                     job.is_stdin

@@ -6,7 +6,7 @@ import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ from ..errors import UsageError
 from ..options import MAX_BATCH_SIZE, temperatures
 from ..writers import FORMATS
 from .console import Interrupted, call, err, fail, on_signal, state
+
+if TYPE_CHECKING:
+    from ..options import TranscribeOptions
 
 IO_PANEL = "Input and output"
 MODEL_PANEL = "Model and device"
@@ -308,11 +311,10 @@ def transcribe(
     ] = None,
 ) -> None:
     """Transcribe audio or video files, folders, glob patterns, or stdin."""
+    arguments = dict(locals())  # the parameters alone, for options_from
     from ..batch.inputs import expand
     from ..batch.runner import BatchPlan, BatchSummary, is_complete, outputs_for
     from ..executor import check_compute, verify_ahead
-    from ..languages import language_code
-    from ..options import TranscribeOptions, VadOptions
     from ..writers import SubtitleLayout, ensure_writable_dir, parse_formats
     from .render import TranscribeView
 
@@ -335,22 +337,7 @@ def transcribe(
         fail(UsageError("--workers needs --cluster"))
     if output_dir is not None:
         call(ensure_writable_dir, output_dir)
-    vad_options = VadOptions(
-        threshold=vad_threshold, min_speech_duration_ms=vad_min_speech_ms, max_speech_duration_s=vad_max_speech_s,
-        min_silence_duration_ms=vad_min_silence_ms, speech_pad_ms=vad_speech_pad_ms,
-    )  # fmt: skip
-    options = TranscribeOptions(
-        language=call(language_code, language),
-        task=task.value, multilingual=multilingual, beam_size=beam_size, best_of=best_of, patience=patience,
-        temperature=temperatures(temperature, temperature_increment_on_fallback),
-        compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
-        no_speech_threshold=no_speech_threshold, condition_on_previous_text=not no_condition_on_previous_text,
-        initial_prompt=initial_prompt, hotwords=hotwords, word_timestamps=word_timestamps, vad=vad,
-        vad_options=vad_options, sequential=sequential, batch_size=batch_size, compute=compute.value,
-        diarize=diarize, speakers=speakers, min_speakers=min_speakers, max_speakers=max_speakers,
-        speaker_names=_names(speaker_names),
-    )  # fmt: skip
-    call(options.check)
+    options = call(options_from, arguments)
     plan = BatchPlan(jobs, options, formats, output_dir, layout, skip_existing, live)
     view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose, live)
     view.report_language = options.language is None  # detected: say which it was
@@ -364,6 +351,34 @@ def transcribe(
 
         settings = ClusterSettings(cluster.strip(), workers, model, device, dtype.value, threads)
     _run(plan, view, model, device, dtype.value, threads, settings)
+
+
+def options_from(arguments: dict) -> TranscribeOptions:
+    """The one place the command's arguments (transcribe's parameters, by name) become
+    TranscribeOptions, checked as every caller's are."""
+    from types import SimpleNamespace
+
+    from ..languages import language_code
+    from ..options import TranscribeOptions, VadOptions
+
+    a = SimpleNamespace(**arguments)
+    vad_options = VadOptions(
+        threshold=a.vad_threshold, min_speech_duration_ms=a.vad_min_speech_ms, max_speech_duration_s=a.vad_max_speech_s,
+        min_silence_duration_ms=a.vad_min_silence_ms, speech_pad_ms=a.vad_speech_pad_ms,
+    )  # fmt: skip
+    options = TranscribeOptions(
+        language=language_code(a.language),
+        task=a.task.value, multilingual=a.multilingual, beam_size=a.beam_size, best_of=a.best_of,
+        patience=a.patience, temperature=temperatures(a.temperature, a.temperature_increment_on_fallback),
+        compression_ratio_threshold=a.compression_ratio_threshold, logprob_threshold=a.logprob_threshold,
+        no_speech_threshold=a.no_speech_threshold, condition_on_previous_text=not a.no_condition_on_previous_text,
+        initial_prompt=a.initial_prompt, hotwords=a.hotwords, word_timestamps=a.word_timestamps, vad=a.vad,
+        vad_options=vad_options, sequential=a.sequential, batch_size=a.batch_size, compute=a.compute.value,
+        diarize=a.diarize, speakers=a.speakers, min_speakers=a.min_speakers, max_speakers=a.max_speakers,
+        speaker_names=_names(a.speaker_names),
+    )  # fmt: skip
+    options.check()
+    return options
 
 
 def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:

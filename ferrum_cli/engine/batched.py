@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ from ..results import Segment, Transcription
 from .decoding import pack_decoder_ahead
 from .encoder import encode_windows, plan_compute
 from .fallback import decode_with_fallback, is_silence, needs_fallback
+from .interface import EngineEvents, SourceRequest
 from .language import detect_language
 from .segments import repeats_the_end, segments_from_tokens
 from .tokenizer import get_tokenizer
@@ -36,19 +37,6 @@ GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
 HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
 ALIGN_ROWS = 4  # rows per word-alignment pass
-
-AudioOpener = Callable[[], Iterable[np.ndarray]]
-
-
-@dataclass(frozen=True)
-class SourceRequest:
-    """An input for the engine, with the options a caller may set per input (the server's requests)."""
-
-    key: object
-    open_audio: AudioOpener  # gives the input's audio chunks, float32 16 kHz mono
-    language: str | None = None  # None: the engine's option, else detected
-    word_timestamps: bool = False  # time this input's words even if the engine's options do not
-    live: bool = False  # audio arriving in real time: each stretch of speech decoded as soon as it ends
 
 
 class CountedChunks:
@@ -135,13 +123,16 @@ class BatchedEngine:
     the queue, whatever sources they come from; tails (the rest of a window Whisper ended early)
     go first into the next batch. A source is handed back once its last window is decoded.
 
-    Two ways to drive it: run(), for a list of inputs handed back in input order (the CLI), and
-    submit() with step(), for a long-lived engine that inputs join while it works (the server):
-    there new inputs are opened before more windows are read, windows are read from every
-    source in turn, and each source is handed back as soon as it is done.
+    How it reads its inputs is chosen at construction. in_order (a batch of files): one input
+    is read to its end before the next is opened, so each finishes as early as it can and an
+    interruption loses little. Otherwise (a server's requests): inputs submitted are opened
+    before more windows are read, and windows are read from every input in turn, so a long
+    input never holds a short one back.
     """
 
-    def __init__(self, model, options: TranscribeOptions) -> None:
+    def __init__(
+        self, model, options: TranscribeOptions, events: EngineEvents = EngineEvents(), in_order: bool = False
+    ) -> None:
         if not model.is_multilingual:  # as openai-whisper: an English-only model is told its language
             options = replace(options, language="en", multilingual=False)
         self.model, self.options = model, options
@@ -157,46 +148,15 @@ class BatchedEngine:
         )
         prompt_text = options.prompt_text()
         self.prompt = self.tokenizer.encode(" " + prompt_text) if prompt_text else None
-        self.sources: list[Source] = []
+        self.events, self.in_order = events, in_order
+        self.sources: list[Source] = []  # opened, not yet handed back, in the order opened
         self.queue: list[Window] = []
         self.incoming: Iterator[SourceRequest] = iter(())
         self.inbox: deque[SourceRequest] = deque()  # submitted, not yet opened
-        self.on_segment: Callable[[object, Segment], None] | None = None
-        self.shared = False  # submit() and step(): fair reading, sources handed back out of order
-        self.on_partial: Callable[[object, Transcription], None] | None = None  # a live source after new segments
-        self.on_live_ready: Callable[[], None] | None = None  # a live source has a window (another thread)
         self.last_batch = 0  # windows in the batch step() decoded last
 
-    def run(
-        self,
-        sources: Iterable[tuple[object, AudioOpener] | SourceRequest],
-        on_segment: Callable[[object, Segment], None] | None = None,
-        on_progress: Callable[[object, float], None] | None = None,
-    ) -> Iterator[tuple[object, Transcription | FerrumError]]:
-        """(key, result) for each (key, open) of sources, in input order, each as soon as its last
-        window is decoded; open() gives the input's audio chunks, and an input that cannot be read
-        comes back as its error while the others go on."""
-        self.incoming = (item if isinstance(item, SourceRequest) else SourceRequest(*item) for item in sources)
-        self.on_segment = on_segment
-        while True:
-            self._fill()
-            while self.sources and self.sources[0].done:
-                done = self.sources.pop(0)
-                yield done.key, (done.error or done.result(self.decoding))
-            if not self.queue:
-                if not self.sources:
-                    return
-                continue
-            last = self._decode_next_batch()
-            release_freed_memory()
-            if on_progress:
-                on_progress(last.source.key, last.end)
-
-    # -- a long-lived engine ---------------------------------------------------------------
-
     def submit(self, request: SourceRequest) -> None:
-        """Queue an input; step() opens it before it reads more of the inputs already started."""
-        self.shared = True
+        """Queue an input; a later step() opens it."""
         self.inbox.append(request)
 
     def _take_submitted(self) -> Iterator[SourceRequest]:
@@ -214,15 +174,13 @@ class BatchedEngine:
         self.last_batch = 0
         if self.queue:
             self.last_batch = min(len(self.queue), self.options.batch_size)
-            self._decode_next_batch()
+            last = self._decode_next_batch()
             release_freed_memory()
+            if self.events.on_progress:
+                self.events.on_progress(last.source.key, last.end)
         done = [source for source in self.sources if source.done]
         self.sources = [source for source in self.sources if not source.done]
         return [(source.key, source.error or source.result(self.decoding)) for source in done]
-
-    def language_of(self, key) -> str:
-        """The language of a source started and not yet handed back ("und" until it is known)."""
-        return next((source.language for source in self.sources if source.key is key), "und")
 
     def cancel(self, key) -> bool:
         """Forget an input: its windows leave the queue and its audio is closed. False if it is not here."""
@@ -244,7 +202,7 @@ class BatchedEngine:
     def _fill(self) -> None:
         """Queue windows until a batch is full or no source has more."""
         while len(self.queue) < self.options.batch_size:
-            if self.shared:
+            if not self.in_order:
                 if self._open_some():
                     continue
                 progressed = False
@@ -274,9 +232,9 @@ class BatchedEngine:
         return True
 
     def _read_window(self, source: Source) -> bool:
-        """Queue the source's next window; False when a live source has none ready and there is
-        other work (something queued, or other sources to serve)."""
-        if source.live and not source.windows.ready() and (self.shared or self.queue):
+        """Queue the source's next window; False when a live source has none ready (the service
+        waits for its LiveWindows to call, so the engine's thread is never held by a read)."""
+        if source.live and not source.windows.ready():
             return False
         try:
             offset, samples = next(source.windows)
@@ -315,7 +273,7 @@ class BatchedEngine:
             source.counted = CountedChunks(request.open_audio())
             if request.live:
                 vad = self.options.vad_options
-                source.windows = LiveWindows(source.counted, vad, source.speech, self.on_live_ready)
+                source.windows = LiveWindows(source.counted, vad, source.speech, self.events.on_live_ready)
                 return source
             chunks = iter(source.counted)
             head = list(itertools.islice(chunks, 2))
@@ -387,8 +345,8 @@ class BatchedEngine:
         for segment, source in found:
             source.found.append(segment)
         for source in {id(w.source): w.source for w in batch}.values():
-            if self._publish(source) and source.live and self.on_partial:
-                self.on_partial(source.key, source.result(self.decoding))
+            if self._publish(source) and source.live and self.events.on_partial:
+                self.events.on_partial(source.key, source.result(self.decoding))
             frontier = min([w.offset for w in self.queue if w.source is source] + [source.planned_to])
             source.forget_speech_before(round(frontier * SAMPLE_RATE))
         return batch[-1]
@@ -466,8 +424,8 @@ class BatchedEngine:
             segment = source.found.pop(0)
             segment.id = len(source.segments)
             source.segments.append(segment)
-            if self.on_segment:
-                self.on_segment(source.key, segment)
+            if self.events.on_segment:
+                self.events.on_segment(source.key, segment, source.language)
         return published
 
 
@@ -519,21 +477,3 @@ def release_freed_memory() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: nothing to do
-
-
-def transcribe_batched(
-    model,
-    chunks: Iterable[np.ndarray],
-    options: TranscribeOptions,
-    on_segment: Callable[[Segment], None] | None = None,
-    on_progress: Callable[[float], None] | None = None,
-) -> Transcription:
-    """One input through the batched engine."""
-    ((_, result),) = BatchedEngine(model, options).run(
-        [(None, lambda: chunks)],
-        (lambda _, seg: on_segment(seg)) if on_segment else None,
-        (lambda _, sec: on_progress(sec)) if on_progress else None,
-    )
-    if isinstance(result, Exception):
-        raise result
-    return result

@@ -1,11 +1,12 @@
 """The sequential engine: openai-whisper's own transcribe() loop, exactly, on our model. It
-serves beam search, sampling with best_of, and `--sequential` (the batched engine times words itself).
+serves beam search, sampling with best_of, and `--sequential`; it reads each input whole and
+decodes one input a step.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,20 +16,66 @@ from ..audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
 from ..audio.level import raised_spans
 from ..audio.vad import speech_regions
 from ..audio.windows import pack
+from ..errors import FerrumError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
 from .fallback import seeded_sampling
+from .interface import EngineEvents, SourceRequest
 from .language import detect_language
 from .tokenizer import get_tokenizer
 from .words import snap_to_speech, typed_words
 
 
-def transcribe_sequential(
-    model,
-    samples: np.ndarray,
-    options: TranscribeOptions,
-    on_segment: Callable[[Segment], None] | None = None,
-) -> Transcription:
+class SequentialEngine:
+    """The engine interface (interface.py) over openai-whisper's loop: each step reads one input
+    whole and transcribes it."""
+
+    def __init__(self, model, options: TranscribeOptions, events: EngineEvents = EngineEvents()) -> None:
+        self.model, self.options, self.events = model, options, events
+        self.inbox: deque[SourceRequest] = deque()
+        self.last_batch = 0
+
+    def submit(self, request: SourceRequest) -> None:
+        self.inbox.append(request)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.inbox)
+
+    def cancel(self, key) -> bool:
+        for request in self.inbox:
+            if request.key is key:
+                self.inbox.remove(request)
+                return True
+        return False
+
+    def step(self) -> list[tuple[object, Transcription | FerrumError]]:
+        self.last_batch = 0
+        if not self.inbox:
+            return []
+        request = self.inbox.popleft()
+        self.last_batch = 1
+        try:
+            chunks = request.open_audio()
+            samples = np.concatenate([np.zeros(0, np.float32), *chunks])
+        except FerrumError as exc:
+            return [(request.key, exc)]
+        options = replace(
+            self.options,
+            language=self.options.language or request.language,
+            word_timestamps=self.options.word_timestamps or request.word_timestamps,
+        )
+        result = transcribe_sequential(self.model, samples, options)
+        if warning := getattr(chunks, "warning", None):  # a truncated input: known once it is read
+            result.warnings.append(warning)
+        for segment in result.segments if self.events.on_segment else ():
+            self.events.on_segment(request.key, segment, result.language)
+        if self.events.on_progress:
+            self.events.on_progress(request.key, result.duration)
+        return [(request.key, result)]
+
+
+def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions) -> Transcription:
     """openai-whisper's transcribe() on our model: same algorithm, same text."""
     duration = len(samples) / SAMPLE_RATE
     used = {**options.record(), "engine": "sequential"}
@@ -46,8 +93,6 @@ def transcribe_sequential(
     if options.word_timestamps and options.vad:
         snap_to_speech(segments, speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     typed_words(segments)
-    for segment in segments if on_segment else ():
-        on_segment(segment)
     if not segments:
         language, probability = "und", 0.0
     out = Transcription(result["text"].strip(), segments, language, probability, duration, used, peak=peak)

@@ -1,5 +1,6 @@
-"""One long-lived engine on its own thread, which callers on other threads (the server's requests)
-feed: each batch takes windows from every request that has some ready.
+"""One long-lived engine on its own thread, which callers on other threads feed: the server's
+requests, the cluster's workers' files, and the CLI's batch (through the executor). Each batch
+takes windows from every input that has some ready.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from ..errors import FerrumError, ServiceError
 from ..options import TranscribeOptions
 from ..post import PostProcess
 from ..results import Segment, Transcription
-from .batched import BatchedEngine, SourceRequest
+from .batched import BatchedEngine
+from .interface import Engine, EngineEvents, SourceRequest
+from .sequential import SequentialEngine
 
 log = logging.getLogger("ferrum.engine")
 
@@ -26,15 +29,18 @@ class Ticket:
 
     open_audio: Callable[[], Iterable[np.ndarray]]
     options: TranscribeOptions
-    on_segment: Callable[[Segment, str], None]  # each segment and its input's language, in time order, once final
+    on_segment: Callable[[Segment, str], None] | None  # each segment and its language, in time order, once final
     on_done: Callable[[Transcription | FerrumError], None]  # once, last
     live: bool = False  # audio arriving in real time: each stretch decoded as soon as it ends
+    on_progress: Callable[[float], None] | None = None  # seconds of the input decoded so far
+    on_partial: Callable[[Transcription], None] | None = None  # live: the transcription so far, after new segments
     finished: bool = field(default=False, init=False)
     post: PostProcess | None = field(default=None, init=False)  # the stage after the engine, set when taken
 
-    def finish(self, result: Transcription | FerrumError) -> None:
-        """Hand the result on once; a stage with steps to run (diarization) runs on a thread of
-        its own, so that the engine goes on with the other inputs meanwhile."""
+    def finish(self, result: Transcription | FerrumError, stage_on_this_thread: bool = False) -> None:
+        """Hand the result on once. A stage with steps to run (diarization) runs on a thread of
+        its own, so that the engine goes on with the other inputs meanwhile, unless asked to run
+        here."""
         if self.finished:
             return
         self.finished = True
@@ -43,6 +49,9 @@ class Ticket:
             if post is not None:
                 post.close()
             self._hand_on(result)
+            return
+        if stage_on_this_thread:
+            self._post_process(post, result)
             return
         threading.Thread(target=self._post_process, args=(post, result), name="ferrum-post", daemon=True).start()
 
@@ -65,6 +74,8 @@ class Ticket:
 
     @staticmethod
     def _call(callback, *args) -> None:
+        if callback is None:
+            return
         try:
             callback(*args)
         except Exception as exc:  # the caller's fault: it must not stop the engine for the others
@@ -77,12 +88,24 @@ def engine_key(options: TranscribeOptions) -> TranscribeOptions:
     return replace(options, language=None, word_timestamps=False)
 
 
+def start_engine(model, options: TranscribeOptions, events: EngineEvents, in_order: bool) -> Engine:
+    """The one place an engine is chosen: openai-whisper's sequential loop where only it has the
+    algorithm (beam search, best_of) or it is asked for, else the batched engine."""
+    if options.runs_sequentially:
+        return SequentialEngine(model, options, events)
+    return BatchedEngine(model, options, events, in_order)
+
+
 class EngineService:
     """A thread that owns the model and runs batches while any input is waiting.
 
-    Inputs with the same engine_key share one BatchedEngine, and so its batches; the thread takes
-    one batch from each busy engine in turn. share_batches=False decodes one input at a time, in
-    the order they came: the server without cross-request batching, for comparison.
+    Inputs with the same engine_key share one engine (start_engine), and so its batches; the
+    thread takes one batch from each busy engine in turn. share_batches=False decodes one input
+    at a time, in the order they came: the server without cross-request batching, for
+    comparison. in_order: each engine reads its inputs one after another (a batch of files,
+    finished in turn) rather than all in turn (requests, none held back by a long one), and the
+    stage after the engine runs on this thread: torch keeps one OpenMP pool a thread, and two
+    alive on few cores slow both (docs/performance.md).
 
     An engine whose only inputs are live streams with no stretch ready is left `idle` until one
     of them has (LiveWindows calls back), so that waiting for a speaker costs no CPU.
@@ -94,10 +117,12 @@ class EngineService:
 
     def __init__(
         self, model, share_batches: bool = True, on_batch: Callable[[int, int], None] | None = None,
-        on_result: Callable[[Transcription | FerrumError], None] | None = None,
+        on_result: Callable[[Transcription | FerrumError], None] | None = None, in_order: bool = False,
     ) -> None:  # fmt: skip
         self.model, self.share_batches, self.on_batch, self.on_result = model, share_batches, on_batch, on_result
-        self._engines: dict[TranscribeOptions, BatchedEngine] = {}
+        self.in_order = in_order
+        self._events = EngineEvents(self._segment, self._progress, self._partial, self._live_ready)
+        self._engines: dict[TranscribeOptions, Engine] = {}
         self._tickets: dict[TranscribeOptions, set[Ticket]] = {}
         self._submitted: list[Ticket] = []
         self._cancelled: list[Ticket] = []
@@ -188,15 +213,21 @@ class EngineService:
                     if self._live_events == events and key in self._engines:
                         self._idle.add(key)
 
+    # the engines' events: the key of each input is its ticket
+
     @staticmethod
-    def _segment_of(engine: BatchedEngine) -> Callable[[Ticket, Segment], None]:
-        """The engine's segments go straight to their ticket where no stage comes after it."""
+    def _segment(ticket: Ticket, segment: Segment, language: str) -> None:
+        """Straight to the ticket where no stage comes after the engine; else once the stage is done."""
+        if ticket.post.idle:
+            ticket._call(ticket.on_segment, segment, language)
 
-        def on_segment(ticket: Ticket, segment: Segment) -> None:
-            if ticket.post.idle:
-                ticket.on_segment(segment, engine.language_of(ticket))
+    @staticmethod
+    def _progress(ticket: Ticket, seconds: float) -> None:
+        ticket._call(ticket.on_progress, seconds)
 
-        return on_segment
+    @staticmethod
+    def _partial(ticket: Ticket, transcription: Transcription) -> None:
+        ticket._call(ticket.on_partial, transcription)
 
     def _busy(self) -> bool:
         return any(engine.busy for engine in self._engines.values())
@@ -229,15 +260,13 @@ class EngineService:
             key = engine_key(ticket.post.engine_options)
             if key not in self._engines:
                 try:
-                    engine = BatchedEngine(self.model, key)
+                    engine = start_engine(self.model, key, self._events, self.in_order)
                 except Exception as exc:  # options no engine can run: this input fails alone
                     log.error("cannot start an engine: %s: %s", type(exc).__name__, exc)
                     error = exc if isinstance(exc, FerrumError) else ServiceError(f"cannot transcribe: {exc}")
                     ticket.finish(error)
                     continue
                 self._engines[key] = engine
-                engine.on_segment = self._segment_of(engine)
-                engine.on_live_ready = self._live_ready
                 self._tickets[key] = set()
             self._tickets[key].add(ticket)
             self._idle.discard(key)
@@ -268,5 +297,5 @@ class EngineService:
         for ticket, result in finished:
             if self.on_result:
                 self.on_result(result)
-            ticket.finish(result)
+            ticket.finish(result, stage_on_this_thread=self.in_order)
         return bool(engine.last_batch or finished)

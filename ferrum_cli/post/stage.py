@@ -51,15 +51,6 @@ class PostProcess:
     def tap(self, open_audio: AudioOpener) -> AudioOpener:
         return self._spool.tap(open_audio) if self._spool else open_audio
 
-    def tap_chunks(self, chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
-        """tap() for audio already opened."""
-        return self.tap(lambda: chunks)()
-
-    def hear(self, samples: np.ndarray) -> None:
-        """An input's whole audio, where the engine reads it whole rather than from the opener."""
-        if self._spool:
-            self._spool.write(samples)
-
     def apply(self, result: Transcription) -> Transcription:
         try:
             for step in self.steps():
