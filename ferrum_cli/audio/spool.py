@@ -3,6 +3,7 @@ at the end (diarization): memory stays flat however long the input is."""
 
 from __future__ import annotations
 
+import mmap
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 
@@ -38,6 +39,17 @@ class AudioSpool:
 
     def close(self) -> None:
         self._file.close()
+
+
+def release_pages(samples: np.ndarray) -> None:
+    """Drop the pages of spooled samples that a pass has read from this process's memory: they
+    are the file's, and come back from the page cache if read again. Without this a pass over an
+    hour counts all of its audio (230 MB) in the process's resident memory. Other arrays: nothing."""
+    base = samples
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    if base is not None and hasattr(mmap, "MADV_DONTNEED"):
+        base.madvise(mmap.MADV_DONTNEED)
 
 
 class _Tapped:

@@ -18,6 +18,7 @@ from ..options import VadOptions
 from ..platform.cpu import single_threaded
 from .constants import SAMPLE_RATE, VAD_FRAME
 from .level import raised_for_vad
+from .spool import release_pages
 
 WARMUP_FRAMES = 16  # each stream first reads 0.5 s of the audio before it, to settle its state
 MIN_STREAM_FRAMES = 64  # each stream reads at least 2 s of its own
@@ -131,6 +132,7 @@ def speech_regions_blockwise(
     for start in range(0, len(samples), block):
         lo, hi = max(0, start - context), min(len(samples), start + block + context)
         frames = speech_probabilities(np.asarray(samples[lo:hi], np.float32))
+        release_pages(samples)
         first = (start - lo) // VAD_FRAME
         probs.append(frames[first : first + -(-min(block, len(samples) - start) // VAD_FRAME)])
     frames = np.concatenate(probs).tolist() if probs else []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio.constants import SAMPLE_RATE
+from ..audio.spool import release_pages
 from ..audio.vad import speech_regions_blockwise
 from ..errors import DependencyError
 from ..options import VadOptions
@@ -153,6 +154,7 @@ def _load(device: str):
                     audio, subsegments[at : at + EMBEDDING_CHUNK]
                 )
                 embedded.append(super()._generate_embeddings(features, frames, [int(o) for o in offsets], dim))
+                release_pages(audio)
             return np.concatenate(embedded)
 
     try:
