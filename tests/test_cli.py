@@ -224,6 +224,8 @@ def test_status_as_table_and_json():
     assert doc["default_device"] == "cpu" and doc["default_dtype"] == "float32"
     assert doc["cpu_compute"] in ("float32", "bfloat16")  # what `--compute auto` runs the encoder in here
     assert doc["cpu_compute"] != "bfloat16" or doc["cpu_bfloat16_instructions"] is True
+    path = doc["cpu_path"]  # which path this CPU gets, and why
+    assert path["encoder"] == doc["cpu_compute"] and path["instructions"] in path["why"]
     assert doc["default_model_ready_offline"] is True
     assert any(p["model"] == "base" for p in doc["installed_packs"])
 

@@ -152,9 +152,11 @@ def print_mapping(title: str, data: dict, as_json: bool) -> None:
         return
     table = Table(title=title, show_header=False)
     table.add_column("key", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for key, value in data.items():
-        if isinstance(value, (dict, list)):
+        if isinstance(value, dict) and not any(isinstance(v, (dict, list)) for v in value.values()):
+            value = "\n".join(f"{k}: {v}" for k, v in value.items())  # a line each, never cut
+        elif isinstance(value, (dict, list)):
             value = strict_json(value, default=str)
             value = value if len(value) < 200 else value[:197] + "…"
         table.add_row(escape(str(key)), escape(str(value)))

@@ -69,6 +69,30 @@ def cpu_auto_compute() -> str:
     return "bfloat16" if answer is True else "float32"
 
 
+def cpu_path() -> dict:
+    """Which path the batched engine takes on this CPU, and why (`ferrum status`)."""
+    import torch
+
+    flags = cpu_flags()
+    named = [("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")]
+    best = next((name for flag, name in named if flag in flags), "below AVX2")
+    encoder = cpu_auto_compute()
+    if encoder == "bfloat16":
+        why = f"{best} multiplies bfloat16 natively, measured at least {SPEEDUP_NEEDED}x float32 here"
+    elif cpu_has_native_bf16():
+        why = f"{best} has bfloat16 instructions, but they were not {SPEEDUP_NEEDED}x float32 here"
+    else:
+        why = f"{best} has no bfloat16 instructions: float32 products"
+    why += "; int8 (--compute int8) changes words, so auto never picks it"
+    return {
+        "instructions": best,
+        "torch_kernels": torch.backends.cpu.get_cpu_capability(),  # what ATen dispatches to
+        "encoder": encoder,
+        "int8_kernels": int8_available(),
+        "why": why,
+    }
+
+
 def _bfloat16_measured_faster() -> bool:
     """One encoder block of base (1500 frames, width 512) in float32 and in bfloat16 autocast,
     as the encoder runs it, best of interleaved rounds (a slow spell hits both)."""
