@@ -150,3 +150,25 @@ def test_samples_past_full_scale_are_diarized():
     loud = decode_file(corpus(JFK)).samples * 4
     assert np.abs(loud).max() > 1
     assert diarize(loud).turns
+
+
+def test_known_speakers_samples_name_their_voices(tmp_path):
+    """--speaker-sample NAME=FILE: a voice like a sample's takes its name; a wrong flag is one line."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    two = corpus(TWO_SPEAKERS)
+    audio = decode_file(two).samples
+    for name, start, end in (("Carol", 22.0, 27.5), ("Dora", 18.6, 21.5)):  # each alone, from the reference turns
+        (tmp_path / f"{name}.wav").write_bytes(wav_bytes(audio[int(start * 16000) : int(end * 16000)]))
+    samples = [arg for name in ("Carol", "Dora") for arg in ("--speaker-sample", f"{name}={tmp_path / name}.wav")]
+    proc = run_ferrum("transcribe", str(two), "--diarize", *samples, "-f", "json", "-o", str(tmp_path), "-q")
+    assert proc.returncode == 0, proc.stderr
+    speakers = [s["speaker"] for s in json.loads((tmp_path / "pyannote_sample.json").read_text())["segments"]]
+    assert speakers[0] == "Carol" and set(speakers) == {"Carol", "Dora"}, speakers
+    for args, says in (
+        (["--diarize", "--speaker-sample", "Carol"], "takes NAME=FILE"),
+        (["--diarize", "--speaker-sample", f"Carol={tmp_path / 'none.wav'}"], "cannot read the sample of 'Carol'"),
+        (["--speaker-sample", f"Carol={tmp_path / 'Carol.wav'}"], "need diarize"),
+    ):
+        proc = run_ferrum("transcribe", str(two), *args)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)

@@ -16,7 +16,7 @@ from ..writers import FORMATS
 from .console import Interrupted, call, err, fail, on_signal, state
 
 if TYPE_CHECKING:
-    from ..options import TranscribeOptions
+    from ..options import KnownSpeaker, TranscribeOptions
 
 IO_PANEL = "Input and output"
 MODEL_PANEL = "Model and device"
@@ -248,6 +248,16 @@ def transcribe(
             show_default=False,
         ),
     ] = None,
+    speaker_sample: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--speaker-sample",
+            metavar="NAME=FILE",
+            help="2-10 s of a known speaker alone: named where heard. Repeatable.",
+            rich_help_panel=SPEAKER_PANEL,
+            show_default=False,
+        ),
+    ] = None,
     vad: Annotated[
         bool, typer.Option(help="Skip silence, cut long audio at pauses.", rich_help_panel=VAD_PANEL)
     ] = True,
@@ -375,10 +385,33 @@ def options_from(arguments: dict) -> TranscribeOptions:
         initial_prompt=a.initial_prompt, hotwords=a.hotwords, word_timestamps=a.word_timestamps, vad=a.vad,
         vad_options=vad_options, sequential=a.sequential, batch_size=a.batch_size, compute=a.compute.value,
         diarize=a.diarize, speakers=a.speakers, min_speakers=a.min_speakers, max_speakers=a.max_speakers,
-        speaker_names=_names(a.speaker_names),
+        speaker_names=_names(a.speaker_names), known_speakers=_known_speakers(a.speaker_sample or []),
     )  # fmt: skip
     options.check()
     return options
+
+
+SAMPLE_BYTES = 50 << 20  # a known speaker's sample: seconds of audio, in any format, is far less
+
+
+def _known_speakers(given: list[str]) -> tuple[KnownSpeaker, ...]:
+    """--speaker-sample NAME=FILE: each file read here, so that a wrong one fails before the model loads."""
+    from ..options import KnownSpeaker
+
+    known = []
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path:
+            raise UsageError(f"--speaker-sample takes NAME=FILE, not {item!r}")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(SAMPLE_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"cannot read the sample of {name.strip()!r}: {exc.strerror or exc}") from None
+        if len(data) > SAMPLE_BYTES:
+            raise UsageError(f"the sample of {name.strip()!r} is over {SAMPLE_BYTES >> 20} MB: give 2 to 10 s of them")
+        known.append(KnownSpeaker(name.strip(), data))
+    return tuple(known)
 
 
 def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
