@@ -19,6 +19,14 @@ PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # openai-whisper's defaults
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 MEDIAN_FILTER_WIDTH = 7
+# the alignment pass's tokens, and the text positions it projects, are padded to multiples of
+# these: a few shapes over an hour, where each new one made oneDNN keep another kernel
+TOKEN_STEP = 32
+PROJECTED_STEP = 64
+
+
+def _rounded_up(count: int, step: int) -> int:
+    return -(-count // step) * step
 
 
 @dataclass
@@ -54,7 +62,7 @@ def align_batch(
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
     sequences = [[*r.prefix, tokenizer.no_timestamps, *r.text_tokens, tokenizer.eot] for r in rows]
-    width = max(len(s) for s in sequences)
+    width = min(_rounded_up(max(len(s) for s in sequences), TOKEN_STEP), model.dims.n_text_ctx)
     tokens = torch.full((len(rows), width), tokenizer.eot, dtype=torch.long, device=features.device)
     for i, sequence in enumerate(sequences):  # padded at the end: the causal mask keeps the pads out
         tokens[i, : len(sequence)] = torch.tensor(sequence)
@@ -92,8 +100,10 @@ def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokeni
 
     starts = [len(r.prefix) for r in rows]  # the no-timestamps position, which predicts the first text token
     picked = torch.cat([x[i, s : s + len(r.text_tokens)] for i, (s, r) in enumerate(zip(starts, rows))])
+    count = len(picked)
+    picked = torch.nn.functional.pad(picked, (0, 0, 0, _rounded_up(count, PROJECTED_STEP) - count))
     vocabulary = model.decoder.token_embedding.weight[: tokenizer.eot]
-    logits = (model.decoder.ln(picked) @ vocabulary.T.to(picked.dtype)).float()
+    logits = (model.decoder.ln(picked) @ vocabulary.T.to(picked.dtype)).float()[:count]
     targets = torch.tensor([t for r in rows for t in r.text_tokens])
     probs = logits.softmax(dim=-1)[torch.arange(len(targets)), targets].tolist()
     out, at = [], 0
