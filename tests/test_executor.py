@@ -316,7 +316,7 @@ def test_leaving_many_inputs_early_stops_the_rest_and_frees_the_executor(executo
     import threading
 
     clip = str(corpus(JFK))
-    for _ in executor.transcribe_many([(i, clip) for i in range(30)]):
+    for _ in executor.transcribe_many([(i, clip) for i in range(12)], TranscribeOptions(batch_size=2)):
         break
     assert executor.status()["state"] == "ready"
     assert not [t for t in threading.enumerate() if t.name == "ferrum-engine"]
