@@ -138,6 +138,7 @@ def measure(clips: list[str], clip_seconds: float, single: str, console) -> tupl
                     unshared))  # fmt: skip
     console.print(f"  server  {rows[-1]['system'] + ', 16 clients':<32} {rows[-1]['audio_per_second']:>7} audio s/s")
     same_text = all(by_clients[16]["texts"][c] == baseline["texts"][c] for c in clips)
+    served_wer, library_wer = (clips_wer(clips, texts) for texts in (by_clients[16]["texts"], baseline["texts"]))
     library_rate = clip_seconds / baseline["seconds"]
     shared_rate = clip_seconds * ROUNDS_OF_CLIPS / by_clients[16]["seconds"]
     unshared_rate = clip_seconds * ROUNDS_OF_CLIPS / unshared["seconds"]
@@ -147,14 +148,25 @@ def measure(clips: list[str], clip_seconds: float, single: str, console) -> tupl
         "serve one clip idle / library": round(single_seconds / baseline["single_seconds"], 2),
         # what sharing batches can gain at most: the library itself, batched against one clip at a time
         "library batched / library one clip at a time": round(baseline["apart_seconds"] / baseline["seconds"], 2),
+        # packed with whichever requests came with it, a clip may read a little differently than in the library's run
         "serve 16 clients text = library text": same_text,
+        "serve 16 clients WER - library WER (points)": round(100 * (served_wer - library_wer), 2),
     }
     targets = {
         "serve 16 clients / library in one process": (">=", 0.8),
         "serve 16 clients / --no-share-batches": (">=", 2.0),
         "serve one clip idle / library": ("<=", 1.3),
+        "serve 16 clients WER - library WER (points)": ("<=", 0.5),
     }
     return rows, ratios, targets
+
+
+def clips_wer(clips: list[str], texts: dict) -> float:
+    """The word error rate of the clips' texts together, against the corpus references."""
+    from common import CORPUS, english_rows, wer
+
+    refs = {str(CORPUS / r["file"]): r["reference_transcript"] for r in english_rows()}
+    return wer(" ".join(refs[c] for c in clips), " ".join(texts[c] for c in clips))
 
 
 def row(system: str, clients: int, audio_seconds: float, requests: int, result) -> dict:

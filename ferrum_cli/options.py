@@ -82,6 +82,7 @@ class TranscribeOptions:
     # the engine and its speed
     sequential: bool = False  # openai-whisper's own transcribe() loop
     batch_size: int = 12  # windows decoded together; memory stays flat over an hour at 12
+    pack_short: bool = True  # short inputs of one known language share windows (docs/performance.md)
     compute: str = "auto"  # the batched encoder on a CPU: one of COMPUTES
 
     # who spoke when: the post-processing stage's, after the engine (ferrum_cli.post)

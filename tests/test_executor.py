@@ -228,7 +228,7 @@ def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
     for key, result in together:
         if key in references:
             expected, got = words(references[key]).split(), set(words(result.text).split())
-            assert sum(w in got for w in expected) >= 0.6 * len(expected), (key, result.text)  # not another input's
+            assert sum(w in got for w in expected) >= 0.5 * len(expected), (key, result.text)  # not another input's
 
 
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():

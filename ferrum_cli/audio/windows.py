@@ -85,6 +85,23 @@ def plan_whole(
     return planned
 
 
+PACK_GAP = SAMPLE_RATE  # silence between short inputs side by side in one window
+
+
+def side_by_side(lengths: list[int], gap: int = PACK_GAP) -> list[list[int]]:
+    """Indices of windows (of `lengths` samples) put side by side, in order, `gap` apart, into
+    windows of at most 30 s: a short input alone costs a whole 30 s of encoding."""
+    packs: list[list[int]] = []
+    filled = WINDOW_SAMPLES + 1
+    for i, length in enumerate(lengths):
+        if filled + gap + length > WINDOW_SAMPLES:
+            packs.append([])
+            filled = -gap
+        packs[-1].append(i)
+        filled += gap + length
+    return packs
+
+
 def plan_windows(
     chunks: Iterable[np.ndarray],
     vad: bool,

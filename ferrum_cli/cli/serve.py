@@ -20,6 +20,7 @@ from .transcribe import (
     Dtype,
     DtypeOption,
     ModelOption,
+    PackShortOption,
     ThreadsOption,
 )
 
@@ -102,6 +103,7 @@ def serve(
     batch_size: BatchSizeOption = 12,
     compute: ComputeOption = Compute.auto,
     threads: ThreadsOption = None,
+    pack_short: PackShortOption = True,
     share_batches: Annotated[
         bool, typer.Option(help="Windows of concurrent requests share batches.", rich_help_panel=SPEED_PANEL)
     ] = True,
@@ -118,7 +120,7 @@ def serve(
         import uvicorn
     except ImportError:
         fail(UsageError("ferrum serve needs its extra: pip install 'ferrum-cli[serve]'"))
-    options = TranscribeOptions(batch_size=batch_size, compute=compute.value)
+    options = TranscribeOptions(batch_size=batch_size, compute=compute.value, pack_short=pack_short)
     settings = ServerSettings(
         model=model, device=device, dtype=dtype.value, threads=threads, api_key=api_key or None,
         max_queue_seconds=max_queue_seconds, max_upload_mb=max_upload_mb, share_batches=share_batches, options=options,

@@ -77,6 +77,14 @@ ComputeOption = Annotated[
     Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
 ]
 ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)]
+PackShortOption = Annotated[
+    bool,
+    typer.Option(
+        help="Short inputs of one given language share 30 s windows: faster, though a text may differ "
+        "from the same input alone in a word or its punctuation.",
+        rich_help_panel=SPEED_PANEL,
+    ),
+]
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -306,6 +314,7 @@ def transcribe(
     batch_size: BatchSizeOption = 12,
     compute: ComputeOption = Compute.auto,
     threads: ThreadsOption = None,
+    pack_short: PackShortOption = True,
     cluster: Annotated[
         str | None,
         typer.Option(
@@ -384,8 +393,9 @@ def options_from(arguments: dict) -> TranscribeOptions:
         no_speech_threshold=a.no_speech_threshold, condition_on_previous_text=not a.no_condition_on_previous_text,
         initial_prompt=a.initial_prompt, hotwords=a.hotwords, word_timestamps=a.word_timestamps, vad=a.vad,
         vad_options=vad_options, sequential=a.sequential, batch_size=a.batch_size, compute=a.compute.value,
-        diarize=a.diarize, speakers=a.speakers, min_speakers=a.min_speakers, max_speakers=a.max_speakers,
-        speaker_names=_names(a.speaker_names), known_speakers=_known_speakers(a.speaker_sample or []),
+        pack_short=a.pack_short, diarize=a.diarize, speakers=a.speakers, min_speakers=a.min_speakers,
+        max_speakers=a.max_speakers, speaker_names=_names(a.speaker_names),
+        known_speakers=_known_speakers(a.speaker_sample or []),
     )  # fmt: skip
     options.check()
     return options

@@ -16,7 +16,7 @@ import numpy as np
 from ..audio.constants import SAMPLE_RATE, TIMESTAMP_SAMPLES, WINDOW_SAMPLES
 from ..audio.live import LiveWindows
 from ..audio.vad import speech_after, speech_regions, speech_within
-from ..audio.windows import plan_whole, plan_windows
+from ..audio.windows import PACK_GAP, plan_whole, plan_windows, side_by_side
 from ..errors import FerrumError
 from ..options import TranscribeOptions, VadOptions
 from ..results import Segment, Transcription
@@ -37,6 +37,7 @@ GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
 HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
 ALIGN_ROWS = 4  # rows per word-alignment pass
+STRADDLE = SAMPLE_RATE // 5  # speech of a second packed input under a segment that makes it theirs too
 
 
 class CountedChunks:
@@ -74,6 +75,8 @@ class Source:
     speech: list[tuple[int, int]] = field(default_factory=list)  # VAD's, unpadded, absolute samples
     planned_to: float = 0.0  # seconds: where the last window queued ends; those after it start there or later
     short: np.ndarray | None = None  # the audio of an input read whole, until its windows are planned
+    cancelled: bool = False  # its text, still decoded in a packed window, is dropped
+    packed: bool = False  # its text was read in a window shared with other inputs
 
     @property
     def done(self) -> bool:
@@ -89,6 +92,8 @@ class Source:
         duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
         used = {**options.record(), "language": options.language or self.requested_language or self.language}
         used.update(engine="batched", word_timestamps=options.word_timestamps or self.word_timestamps)
+        if self.packed:
+            used["packed"] = True
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
         result = Transcription(text, self.segments, language, probability, duration, used)
         result.peak = self.counted.peak if self.counted else 0.0
@@ -100,19 +105,64 @@ class Source:
 
 
 @dataclass
-class Window:
-    """Up to 30 s of one source's samples, waiting for or in a batch."""
+class Part:
+    """A short input's window inside a packed window."""
 
     source: Source
+    offset: float  # seconds from the start of its source
+    at: int  # the sample where it starts in the packed window
+    length: int  # its samples
+
+    def speech(self) -> list[tuple[int, int]]:
+        """The source's unpadded speech within this part, in samples of the packed window."""
+        first = round(self.offset * SAMPLE_RATE)
+        return [
+            (self.at + max(a, first) - first, self.at + min(b, first + self.length) - first)
+            for a, b in self.source.speech
+            if b > first and a < first + self.length
+        ]
+
+
+@dataclass
+class Window:
+    """Up to 30 s of one source's samples, or of several short inputs side by side (`parts`),
+    waiting for or in a batch."""
+
+    source: Source | None  # None for a packed window: its parts name their sources
     offset: float  # seconds from the start of its source
     samples: np.ndarray
     features: torch.Tensor | None = None  # encoded already (the first windows, for the language)
     tail: bool = False  # the rest of a window Whisper ended early: a second look
     follows: str = ""  # a tail: the text of the segment it comes after
+    parts: list[Part] = field(default_factory=list)  # a packed window: 1 s of silence between parts
 
     @property
     def end(self) -> float:
         return self.offset + len(self.samples) / SAMPLE_RATE
+
+    @property
+    def sources(self) -> list[Source]:
+        return [part.source for part in self.parts] if self.parts else [self.source]
+
+    @property
+    def lead(self) -> Source:
+        """The source whose language and word timing the window is decoded with: a packed
+        window's parts share them."""
+        return self.parts[0].source if self.parts else self.source
+
+    def start_in(self, source: Source) -> float | None:
+        """Where the window starts in `source`, seconds; None if it holds none of it."""
+        if not self.parts:
+            return self.offset if self.source is source else None
+        return next((part.offset for part in self.parts if part.source is source), None)
+
+    @property
+    def reached(self) -> tuple[Source, float]:
+        """The source whose audio the window ends with, and how far into it: for progress."""
+        if not self.parts:
+            return self.source, self.end
+        part = self.parts[-1]
+        return part.source, part.offset + part.length / SAMPLE_RATE
 
 
 class BatchedEngine:
@@ -174,10 +224,10 @@ class BatchedEngine:
         self.last_batch = 0
         if self.queue:
             self.last_batch = min(len(self.queue), self.options.batch_size)
-            last = self._decode_next_batch()
+            last, reached = self._decode_next_batch().reached
             release_freed_memory()
             if self.events.on_progress:
-                self.events.on_progress(last.source.key, last.end)
+                self.events.on_progress(last.key, reached)
         done = [source for source in self.sources if source.done]
         self.sources = [source for source in self.sources if not source.done]
         return [(source.key, source.error or source.result(self.decoding)) for source in done]
@@ -190,7 +240,8 @@ class BatchedEngine:
                 return True
         for source in self.sources:
             if source.key is key:
-                self.queue[:] = [w for w in self.queue if w.source is not source]
+                source.cancelled = True
+                self.queue[:] = [w for w in self.queue if not all(s.cancelled for s in w.sources)]
                 self.sources.remove(source)
                 if hasattr(source.windows, "close"):
                     source.windows.close()  # a stream stops its decoder
@@ -224,9 +275,8 @@ class BatchedEngine:
         group, other = self._open_next()
         if not group and other is None:
             return False
-        if group:
-            self._plan_short(group)
-        self.sources.extend(self._start(source, whole=True) for source in group)
+        packed = self._pack(group, self._plan_short(group)) if group else set()
+        self.sources.extend(source if id(source) in packed else self._start(source, whole=True) for source in group)
         if other is not None:
             self.sources.append(self._start(other, whole=False))
         return True
@@ -289,11 +339,42 @@ class BatchedEngine:
             source.windows = plan_windows(chunks, opts.vad, opts.vad_options, merge, source.speech)
         return source
 
-    def _plan_short(self, group: list[Source]) -> None:
+    def _plan_short(self, group: list[Source]) -> list[list[tuple[float, np.ndarray]]]:
+        """The windows of inputs read whole, with one VAD pass over them all."""
         opts = self.options
         planned = plan_whole([source.short for source in group], opts.vad, opts.vad_options, not opts.multilingual)
         for source, (windows, speech) in zip(group, planned):
             source.windows, source.speech, source.short = iter(windows), speech, None
+        return [windows for windows, _ in planned]
+
+    def _pack(self, group: list[Source], planned: list[list[tuple[float, np.ndarray]]]) -> set[int]:
+        """Short inputs of one window each, in a language known beforehand, side by side in shared
+        windows: alone, each would cost a whole 30 s of encoding. Returns the ids of those packed.
+        VAD's speech is what their text is split back by (_split_packed)."""
+        if not self.options.pack_short or self.per_window or not self.options.vad:
+            return set()
+        alike: dict[tuple[str, bool], list[tuple[Source, float, np.ndarray]]] = {}
+        for source, windows in zip(group, planned):
+            language = self.options.language or source.requested_language
+            if source.error is None and language is not None and len(windows) == 1:
+                alike.setdefault((language, source.word_timestamps), []).append((source, *windows[0]))
+        packed: set[int] = set()
+        for (language, _), members in alike.items():
+            for indices in side_by_side([len(samples) for _, _, samples in members]):
+                if len(indices) < 2:
+                    continue
+                parts, pieces, at = [], [], 0
+                for i in indices:
+                    source, offset, samples = members[i]
+                    parts.append(Part(source, offset, at, len(samples)))
+                    pieces += [samples, np.zeros(PACK_GAP, np.float32)]
+                    at += len(samples) + PACK_GAP
+                    source.language, source.probability, source.reading = language, 1.0, False
+                    source.windows, source.pending = iter(()), source.pending + 1
+                    source.planned_to = offset + len(samples) / SAMPLE_RATE
+                    packed.add(id(source))
+                self.queue.append(Window(None, 0.0, np.concatenate(pieces[:-1]), parts=parts))
+        return packed
 
     def _start(self, source: Source, whole: bool) -> Source:
         """Language and first windows of an opened source; `whole`: all its windows are planned."""
@@ -336,23 +417,29 @@ class BatchedEngine:
         batch's last window is returned, for progress."""
         size = self.options.batch_size
         batch, self.queue[:] = self.queue[:size], self.queue[size:]
-        found, tails = self._decode(batch)
-        self.queue[:0] = tails
+        found, again = self._decode(batch)
+        self.queue[:0] = again
         for window in batch:
-            window.source.pending -= 1
-        for window in tails:
+            for source in window.sources:
+                source.pending -= 1
+        for window in again:
             window.source.pending += 1
         for segment, source in found:
             source.found.append(segment)
-        for source in {id(w.source): w.source for w in batch}.values():
+        for source in {id(s): s for w in batch for s in w.sources if not s.cancelled}.values():
             if self._publish(source) and source.live and self.events.on_partial:
                 self.events.on_partial(source.key, source.result(self.decoding))
-            frontier = min([w.offset for w in self.queue if w.source is source] + [source.planned_to])
+            frontier = min(self._queued_from(source), source.planned_to)
             source.forget_speech_before(round(frontier * SAMPLE_RATE))
         return batch[-1]
 
+    def _queued_from(self, source: Source) -> float:
+        """Where the earliest window still queued for `source` starts, seconds; inf if none is."""
+        return min((at for w in self.queue if (at := w.start_in(source)) is not None), default=float("inf"))
+
     def _decode(self, batch: list[Window]) -> tuple[list[tuple[Segment, Source]], list[Window]]:
-        """A batch's segments, and the unfinished tails to decode next, like openai-whisper's seek."""
+        """A batch's segments, and the windows to decode next: unfinished tails, like openai-whisper's
+        seek, and packed inputs to be decoded alone."""
         import torch
 
         opts = self.decoding
@@ -362,11 +449,11 @@ class BatchedEngine:
             for i, window in enumerate(missing):
                 window.features = encoded[i : i + 1]
         features = torch.cat([w.features for w in batch])
-        languages = None if self.per_window or opts.language else [w.source.language for w in batch]
+        languages = None if self.per_window or opts.language else [w.lead.language for w in batch]
         unfinished = None
         if opts.vad:
             unfinished = torch.from_numpy(np.stack([speech_after_stamps(w) for w in batch])).to(features.device)
-        tail_rows = {i for i, w in enumerate(batch) if w.tail}
+        tail_rows = {i for i, w in enumerate(batch) if w.tail or w.parts}  # packed: any doubt, and each goes alone
         results = decode_with_fallback(
             self.model, features, opts, self.prompt, self.compute.cache_dtype, self.tokenizer, languages, tail_rows,
             unfinished,
@@ -374,8 +461,18 @@ class BatchedEngine:
         found: list[tuple[Segment, Source]] = []
         tails: list[Window] = []
         timed: list[tuple[int, Window, list[Segment], str]] = []  # rows whose words are to be timed
+        packed: list[tuple[Window, list[Segment]]] = []
         for i, (window, result) in enumerate(zip(batch, results)):
             window.features = None  # the batch holds the only other reference: freed with it
+            if window.parts:
+                if is_silence(result, opts) or needs_fallback(result, opts, self.tokenizer.eot):
+                    tails += [alone(window, part) for part in window.parts if not part.source.cancelled]
+                    continue
+                pieces = segments_from_tokens(result, 0.0, len(window.samples) / SAMPLE_RATE, self.tokenizer)
+                packed.append((window, pieces))
+                if (opts.word_timestamps or window.lead.word_timestamps) and pieces:
+                    timed.append((i, window, pieces, window.lead.language))
+                continue
             if is_silence(result, opts) or (window.tail and needs_fallback(result, opts, self.tokenizer.eot)):
                 continue  # a tail is a second look: kept only when Whisper is sure of it
             pieces = segments_from_tokens(result, window.offset, len(window.samples) / SAMPLE_RATE, self.tokenizer)
@@ -390,7 +487,45 @@ class BatchedEngine:
                 tails.append(Window(window.source, *tail, tail=True, follows=pieces[-1].text))
         if timed:
             self._time_words(features, timed)
+        for window, pieces in packed:
+            self._split_packed(window, pieces, found, tails)
         return found, tails
+
+    def _split_packed(
+        self, window: Window, pieces: list[Segment], found: list[tuple[Segment, Source]], again: list[Window]
+    ) -> None:
+        """A packed window's segments handed to the inputs whose speech they cover, in those
+        inputs' times. An input that cannot be told apart (a segment over two inputs' speech), or
+        that got no text, is decoded again alone; one Whisper ended early gets a tail, as alone."""
+        spoken = [part.speech() for part in window.parts]
+        centres = [part.at + part.length / 2 for part in window.parts]
+        owners: list[int | None] = []
+        redo: set[int] = set()
+        for piece in pieces:
+            a, b = round(piece.start * SAMPLE_RATE), round(piece.end * SAMPLE_RATE)
+            heard = [k for k, regions in enumerate(spoken) if speech_within(regions, a, b) > STRADDLE]
+            if len(heard) > 1:
+                redo.update(heard)
+            nearest = min(range(len(centres)), key=lambda k: abs(centres[k] - (a + b) / 2))  # over no one's speech
+            owners.append(heard[0] if len(heard) == 1 else None if heard else nearest)
+        timed = any(piece.words is not None for piece in pieces)
+        for k, part in enumerate(window.parts):
+            mine = [piece for piece, owner in zip(pieces, owners) if owner == k]
+            if part.source.cancelled:
+                continue
+            if k in redo or not mine:
+                again.append(alone(window, part))
+                continue
+            duration = part.length / SAMPLE_RATE
+            for piece in mine:
+                shift_segment(piece, part.offset - part.at / SAMPLE_RATE, part.offset, part.offset + duration)
+            if timed:
+                self._fit_words(mine, part.source)
+            found += [(piece, part.source) for piece in mine]
+            part.source.packed = True
+            view = alone(window, part)
+            if tail := rest_of_speech(mine, view, self.decoding):
+                again.append(Window(part.source, *tail, tail=True, follows=mine[-1].text))
 
     def _time_words(self, features: torch.Tensor, timed: list[tuple[int, Window, list[Segment], str]]) -> None:
         """Word times for the batch's rows in one decoder pass (engine/words.py), then fitted to
@@ -410,14 +545,18 @@ class BatchedEngine:
             alignments += align_batch(model, features, rows[at : at + ALIGN_ROWS], self.tokenizer, bfloat16)
         for (_, window, pieces, _), alignment in zip(timed, alignments):
             place_words(pieces, alignment, window.offset, window.offset)
-            if self.options.vad:
-                snap_to_speech(pieces, window.source.speech)
-            typed_words(pieces)
+            if not window.parts:  # a packed window's words are fitted once split
+                self._fit_words(pieces, window.source)
+
+    def _fit_words(self, pieces: list[Segment], source: Source) -> None:
+        if self.options.vad:
+            snap_to_speech(pieces, source.speech)
+        typed_words(pieces)
 
     def _publish(self, source: Source) -> int:
         """Segments in time order, each once no window still queued can come before it; returns how many."""
         source.found.sort(key=lambda seg: seg.start)
-        frontier = min((w.offset for w in self.queue if w.source is source), default=float("inf"))
+        frontier = self._queued_from(source)
         published = 0
         while source.found and source.found[0].start < frontier:
             published += 1
@@ -436,8 +575,11 @@ def speech_after_stamps(window: Window) -> np.ndarray:
     Less is left to unfinished_tail: in a window that is done, Whisper's last timestamp often
     falls a second or two before VAD's end of speech, and forced on there it made text up.
     """
-    start = round(window.offset * SAMPLE_RATE)
-    after = speech_after(window.source.speech, start, start + len(window.samples), TIMESTAMP_SAMPLES)[:TIMESTAMPS]
+    if window.parts:
+        speech, start = [region for part in window.parts for region in part.speech()], 0
+    else:
+        speech, start = window.source.speech, round(window.offset * SAMPLE_RATE)
+    after = speech_after(speech, start, start + len(window.samples), TIMESTAMP_SAMPLES)[:TIMESTAMPS]
     out = np.zeros(TIMESTAMPS, dtype=bool)
     out[: len(after)] = after >= GO_ON_SPEECH
     return out
@@ -456,6 +598,13 @@ def unfinished_tail(
     """
     if not pieces or not result.tokens or result.tokens[-1] < tokenizer.timestamp_begin:
         return None
+    return rest_of_speech(pieces, window, options)
+
+
+def rest_of_speech(
+    pieces: list[Segment], window: Window, options: TranscribeOptions
+) -> tuple[float, np.ndarray] | None:
+    """(offset, samples) of the window after its last segment, when half a second of speech or more is there."""
     covered = pieces[-1].end - window.offset
     rest = window.samples[int(covered * SAMPLE_RATE) :]
     if covered < 0.5 or len(rest) < SAMPLE_RATE:
@@ -466,6 +615,22 @@ def unfinished_tail(
     else:  # no regions were found: the VAD looks at the rest alone (it hears quiet speech as well as loud)
         speech = speech_within(speech_regions(rest, VadOptions(speech_pad_ms=0)), 0, len(rest))
     return (window.offset + covered, rest) if speech >= TAIL_SPEECH else None
+
+
+def alone(window: Window, part: Part) -> Window:
+    """A packed input's part as a window of its own."""
+    return Window(part.source, part.offset, window.samples[part.at : part.at + part.length])
+
+
+def shift_segment(segment: Segment, by: float, lo: float, hi: float) -> None:
+    """Move a segment and its words (dicts, before typed_words) by `by` seconds, kept within [lo, hi]."""
+
+    def moved(t: float) -> float:
+        return round(min(max(t + by, lo), hi), 3)
+
+    segment.start, segment.end = moved(segment.start), moved(segment.end)
+    for word in segment.words or []:
+        word["start"], word["end"] = moved(word["start"]), moved(word["end"])
 
 
 def release_freed_memory() -> None:

@@ -1,0 +1,86 @@
+"""Short inputs of one given language share 30 s windows (the batched engine's _pack), and each
+input still gets its own words, at its own times."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ferrum_cli.audio.ffmpeg import decode_file
+from ferrum_cli.options import TranscribeOptions
+
+from .helpers import corpus_rows, errors_against, needs_corpus, run_ferrum, words
+
+ENGLISH = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+
+
+def joined_digits(text: str) -> str:
+    """Digits apart by only spaces, commas or dashes joined, as the bench scores them: "1-0-0-0-1"
+    and "10001" are the same digits read aloud."""
+    return re.sub(r"(?<=\d)[\s,\-]+(?=\d)", "", text)
+
+
+def scored(text: str) -> list[str]:
+    return words(joined_digits(text)).split()
+
+
+@needs_corpus
+def test_packed_clips_keep_their_own_words_and_read_no_worse_than_alone(executor):
+    """Every English clip: packed with its neighbours, its text starts and ends with words of its
+    own (no word moved in from the input before or after it), and the clips read no worse in
+    total than each alone."""
+    clips = [r["path"] for r in ENGLISH]
+    alone = {c: executor.transcribe(c, TranscribeOptions(language="en")) for c in clips}
+    packed = dict(executor.transcribe_many([(c, c) for c in clips], TranscribeOptions(language="en")))
+    assert sum(1 for c in clips if packed[c].options.get("packed")) >= len(clips) // 2
+    assert not any(result.options.get("packed") for result in alone.values())
+    for row in ENGLISH:
+        clip = row["path"]
+        own = set(scored(row["reference_transcript"])) | set(scored(alone[clip].text))
+        text = scored(packed[clip].text)
+        assert text and text[0] in own and text[-1] in own, (clip, packed[clip].text, alone[clip].text)
+        duration = len(decode_file(clip).samples) / 16000
+        assert all(0 <= s.start <= s.end <= duration + 0.02 for s in packed[clip].segments), clip
+    errors = {
+        name: sum(
+            errors_against(joined_digits(r["reference_transcript"]), joined_digits(texts[r["path"]].text), "en")
+            for r in ENGLISH
+        )
+        for name, texts in (("alone", alone), ("packed", packed))
+    }
+    assert errors["packed"] <= errors["alone"], errors
+
+
+@needs_corpus
+def test_packed_words_are_timed_within_their_own_clip(executor):
+    clips = [r["path"] for r in ENGLISH[:6]]
+    options = TranscribeOptions(language="en", word_timestamps=True)
+    alone = {c: executor.transcribe(c, options) for c in clips}
+    packed = dict(executor.transcribe_many([(c, c) for c in clips], options))
+    assert any(result.options.get("packed") for result in packed.values())
+    for clip in clips:
+        times = [(w.start, w.end) for s in packed[clip].segments for w in s.words]
+        duration = len(decode_file(clip).samples) / 16000
+        assert times and all(0 <= a <= b <= duration + 0.02 for a, b in times), clip
+        assert all(a[0] <= b[0] for a, b in zip(times, times[1:])), clip  # in order
+        first_alone = alone[clip].segments[0].words[0]
+        first_packed = packed[clip].segments[0].words[0]
+        if words(first_alone.word) == words(first_packed.word):  # the same first word starts at about the same time
+            assert abs(first_alone.start - first_packed.start) <= 0.5, (clip, first_alone, first_packed)
+
+
+@needs_corpus
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_cli_packs_short_files_unless_told_not_to(tmp_path, pack):
+    """--no-pack-short reads each file alone: its text is the one `ferrum transcribe` gives it by itself."""
+    clips = [r["path"] for r in ENGLISH[1:4]]
+    flag = [] if pack else ["--no-pack-short"]
+    proc = run_ferrum("transcribe", *clips, "--language", "en", "-f", "json", "-o", str(tmp_path), *flag)
+    assert proc.returncode == 0, proc.stderr
+    docs = [json.loads((tmp_path / (r["file"].rsplit(".", 1)[0] + ".json")).read_text()) for r in ENGLISH[1:4]]
+    assert all(doc["options"].get("packed", False) is pack for doc in docs)
+    if not pack:
+        alone = run_ferrum("transcribe", clips[1], "--language", "en", "-f", "txt")
+        assert alone.stdout.strip() == docs[1]["text"].strip()
