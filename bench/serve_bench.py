@@ -150,6 +150,8 @@ def measure(clips: list[str], clip_seconds: float, single: str, console) -> tupl
         "library batched / library one clip at a time": round(baseline["apart_seconds"] / baseline["seconds"], 2),
         # packed with whichever requests came with it, a clip may read a little differently than in the library's run
         "serve 16 clients text = library text": same_text,
+        "serve 16 clients WER %": round(100 * served_wer, 2),
+        "library WER %": round(100 * library_wer, 2),
         "serve 16 clients WER - library WER (points)": round(100 * (served_wer - library_wer), 2),
     }
     targets = {

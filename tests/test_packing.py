@@ -84,3 +84,14 @@ def test_the_cli_packs_short_files_unless_told_not_to(tmp_path, pack):
     if not pack:
         alone = run_ferrum("transcribe", clips[1], "--language", "en", "-f", "txt")
         assert alone.stdout.strip() == docs[1]["text"].strip()
+
+
+@needs_corpus
+def test_the_same_clip_many_times_is_packed_and_not_taken_for_a_loop(executor, tmp_path):
+    """Inputs alike compress well together; a loop is judged input by input, so six copies of a
+    clip share windows and each reads as the clip alone."""
+    clip = next(r["path"] for r in ENGLISH if r["file"].startswith("en_jfk"))
+    alone = executor.transcribe(clip, TranscribeOptions(language="en")).text
+    results = dict(executor.transcribe_many([(i, clip) for i in range(6)], TranscribeOptions(language="en")))
+    assert all(result.options.get("packed") for result in results.values())
+    assert all(scored(result.text) == scored(alone) for result in results.values())

@@ -212,9 +212,11 @@ def _batch_dir(tmp_path: Path, n: int) -> Path:
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, code):
+    """Batches of 4 windows (two clips packed in each), so that the signal comes with more to do."""
     src, out = _batch_dir(tmp_path, 24), tmp_path / "out"
+    fast = ["--language", "en", "--batch-size", "4"]
     proc = subprocess.Popen(
-        [FERRUM, "transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json"],
+        [FERRUM, "transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json", *fast],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -235,7 +237,7 @@ def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, cod
         assert (out / f"{stem}.txt").is_file() and (out / f"{stem}.json").is_file()
         assert "ask not what your country" in words((out / f"{stem}.txt").read_text())
     assert 1 <= len(stems) < 24
-    resumed = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json", "--skip-existing")
+    resumed = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "json", "--skip-existing", *fast)
     assert resumed.returncode == 0
     assert len(list(out.glob("*.txt"))) == 24
 

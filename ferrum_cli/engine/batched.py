@@ -22,7 +22,7 @@ from ..options import TranscribeOptions, VadOptions
 from ..results import Segment, Transcription
 from .decoding import pack_decoder_ahead
 from .encoder import encode_windows, plan_compute
-from .fallback import decode_with_fallback, is_silence, needs_fallback
+from .fallback import decode_with_fallback, is_loop, is_silence, is_unsure, needs_fallback
 from .interface import EngineEvents, SourceRequest
 from .language import detect_language
 from .segments import repeats_the_end, segments_from_tokens
@@ -464,8 +464,8 @@ class BatchedEngine:
         packed: list[tuple[Window, list[Segment]]] = []
         for i, (window, result) in enumerate(zip(batch, results)):
             window.features = None  # the batch holds the only other reference: freed with it
-            if window.parts:
-                if is_silence(result, opts) or needs_fallback(result, opts, self.tokenizer.eot):
+            if window.parts:  # a loop is judged input by input: inputs alike would compress well together
+                if is_silence(result, opts) or is_unsure(result, opts):
                     tails += [alone(window, part) for part in window.parts if not part.source.cancelled]
                     continue
                 pieces = segments_from_tokens(result, 0.0, len(window.samples) / SAMPLE_RATE, self.tokenizer)
@@ -495,8 +495,9 @@ class BatchedEngine:
         self, window: Window, pieces: list[Segment], found: list[tuple[Segment, Source]], again: list[Window]
     ) -> None:
         """A packed window's segments handed to the inputs whose speech they cover, in those
-        inputs' times. An input that cannot be told apart (a segment over two inputs' speech), or
-        that got no text, is decoded again alone; one Whisper ended early gets a tail, as alone."""
+        inputs' times. An input that cannot be told apart (a segment over two inputs' speech), that
+        got no text, or whose text is a loop, is decoded again alone; one Whisper ended early gets
+        a tail, as alone."""
         spoken = [part.speech() for part in window.parts]
         centres = [part.at + part.length / 2 for part in window.parts]
         owners: list[int | None] = []
@@ -513,7 +514,7 @@ class BatchedEngine:
             mine = [piece for piece, owner in zip(pieces, owners) if owner == k]
             if part.source.cancelled:
                 continue
-            if k in redo or not mine:
+            if k in redo or not mine or self._loops(mine):
                 again.append(alone(window, part))
                 continue
             duration = part.length / SAMPLE_RATE
@@ -547,6 +548,13 @@ class BatchedEngine:
             place_words(pieces, alignment, window.offset, window.offset)
             if not window.parts:  # a packed window's words are fitted once split
                 self._fit_words(pieces, window.source)
+
+    def _loops(self, pieces: list[Segment]) -> bool:
+        """Whether an input's own text from a packed window is a loop (fallback.is_loop)."""
+        from whisper.utils import compression_ratio
+
+        tokens = [token for piece in pieces for token in piece.tokens]
+        return is_loop(tokens, compression_ratio("".join(piece.text for piece in pieces).strip()), self.decoding)
 
     def _fit_words(self, pieces: list[Segment], source: Source) -> None:
         if self.options.vad:

@@ -59,13 +59,19 @@ def is_silence(result, options: TranscribeOptions) -> bool:
 
 
 def needs_fallback(result, options: TranscribeOptions, eot: int) -> bool:
-    if repetition_loop(text_tokens(result, eot)):
+    return is_loop(text_tokens(result, eot), result.compression_ratio, options) or is_unsure(result, options)
+
+
+def is_loop(tokens: list[int], compression_ratio: float, options: TranscribeOptions) -> bool:
+    """One phrase over and over: a short run repeated, or text that compresses too well."""
+    if repetition_loop(tokens):
         return True
-    if (
-        options.compression_ratio_threshold is not None
-        and result.compression_ratio > options.compression_ratio_threshold
-    ):
-        return True
+    threshold = options.compression_ratio_threshold
+    return threshold is not None and compression_ratio > threshold
+
+
+def is_unsure(result, options: TranscribeOptions) -> bool:
+    """A low mean log probability, unless the window is silence."""
     if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
         return not is_silence(result, options)
     return False
