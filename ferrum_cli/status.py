@@ -32,7 +32,7 @@ def machine_status() -> dict:
     import torch
 
     from .audio.ffmpeg import capture_devices, ffmpeg_version, find_ffmpeg
-    from .engine.encoder import cpu_auto_compute, cpu_path
+    from .engine.encoder import cpu_path
     from .platform.cpu import cpu_has_native_bf16
     from .platform.devices import choose, describe_devices
     from .post import diarizer
@@ -52,6 +52,7 @@ def machine_status() -> dict:
     ready, how = default_model_readiness(DEFAULT_MODEL)
     if not ready:
         problems.append(how)
+    path = cpu_path()
     senko = diarizer.version()
     if senko is None:
         problems.append(f"--diarize needs {diarizer.PACKAGE}: pip install {diarizer.PACKAGE}")
@@ -71,8 +72,8 @@ def machine_status() -> dict:
         "default_dtype": placement.dtype,
         "torch_threads": torch.get_num_threads(),
         "cpu_bfloat16_instructions": cpu_has_native_bf16(),
-        "cpu_compute": cpu_auto_compute(),  # what `--compute auto` runs the encoder in on this CPU
-        "cpu_path": cpu_path(),  # which path this CPU gets, and why
+        "cpu_compute": path["encoder"],  # what `--compute auto` runs the encoder in on this CPU
+        "cpu_path": path,  # which path this CPU gets, and why
         "cache_dir": str(cache.cache_dir()),
         "cached_models": cache.list_cached(),
         "installed_packs": [

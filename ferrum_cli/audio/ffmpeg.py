@@ -221,6 +221,8 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
 
 
 def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
+    """A whole file at once, for callers of the library (the tests and the bench read clips so);
+    the engines stream theirs (stream_file)."""
     p = Path(path)
     if not stat.S_ISREG(_check_readable(p).st_mode):  # a FIFO, or <(...)'s /dev/fd/N that only we hold
         with open(p, "rb") as pipe:

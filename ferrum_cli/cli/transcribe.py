@@ -411,16 +411,17 @@ def _known_speakers(given: list[str]) -> tuple[KnownSpeaker, ...]:
     known = []
     for item in given:
         name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path:
+        name = name.strip()
+        if not sep or not name or not path:
             raise UsageError(f"--speaker-sample takes NAME=FILE, not {item!r}")
         try:
             with open(path, "rb") as fh:
                 data = fh.read(SAMPLE_BYTES + 1)
         except OSError as exc:
-            raise UsageError(f"cannot read the sample of {name.strip()!r}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot read the sample of {name!r}: {exc.strerror or exc}") from None
         if len(data) > SAMPLE_BYTES:
-            raise UsageError(f"the sample of {name.strip()!r} is over {SAMPLE_BYTES >> 20} MB: give 2 to 10 s of them")
-        known.append(KnownSpeaker(name.strip(), data))
+            raise UsageError(f"the sample of {name!r} is over {SAMPLE_BYTES >> 20} MB: give 2 to 10 s of them")
+        known.append(KnownSpeaker(name, data))
     return tuple(known)
 
 

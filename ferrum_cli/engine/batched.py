@@ -23,7 +23,7 @@ from ..results import Segment, Transcription
 from .decoding import pack_decoder_ahead
 from .encoder import encode_windows, plan_compute
 from .fallback import decode_with_fallback, is_loop, is_silence, is_unsure, needs_fallback
-from .interface import EngineEvents, SourceRequest
+from .interface import EngineEvents, SourceRequest, withdraw
 from .language import detect_language
 from .segments import repeats_the_end, segments_from_tokens
 from .tokenizer import get_tokenizer
@@ -234,10 +234,8 @@ class BatchedEngine:
 
     def cancel(self, key) -> bool:
         """Forget an input: its windows leave the queue and its audio is closed. False if it is not here."""
-        for request in list(self.inbox):
-            if request.key is key:
-                self.inbox.remove(request)
-                return True
+        if withdraw(self.inbox, key):
+            return True
         for source in self.sources:
             if source.key is key:
                 source.cancelled = True

@@ -8,6 +8,7 @@ service (service.py) is the one driver of both, for the CLI, the server and the 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -60,3 +61,12 @@ class Engine(Protocol):
 
     def cancel(self, key: object) -> bool:
         """Forget an input and close its audio; False if it is not here."""
+
+
+def withdraw(inbox: deque[SourceRequest], key) -> bool:
+    """Take the request of `key` out of an engine's inbox (submitted, not yet opened); False if it is not there."""
+    for request in inbox:
+        if request.key is key:
+            inbox.remove(request)
+            return True
+    return False

@@ -20,7 +20,7 @@ from ..errors import FerrumError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
 from .fallback import seeded_sampling
-from .interface import EngineEvents, SourceRequest
+from .interface import EngineEvents, SourceRequest, withdraw
 from .language import detect_language
 from .tokenizer import get_tokenizer
 from .words import snap_to_speech, typed_words
@@ -43,11 +43,7 @@ class SequentialEngine:
         return bool(self.inbox)
 
     def cancel(self, key) -> bool:
-        for request in self.inbox:
-            if request.key is key:
-                self.inbox.remove(request)
-                return True
-        return False
+        return withdraw(self.inbox, key)
 
     def step(self) -> list[tuple[object, Transcription | FerrumError]]:
         self.last_batch = 0

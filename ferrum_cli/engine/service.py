@@ -66,14 +66,15 @@ class Ticket:
             self._hand_on(ServiceError(f"post-processing failed: {type(exc).__name__}"))
             return
         for segment in result.segments:
-            self._call(self.on_segment, segment, result.language)
+            self.tell(self.on_segment, segment, result.language)
         self._hand_on(result)
 
     def _hand_on(self, result: Transcription | FerrumError) -> None:
-        self._call(self.on_done, result)
+        self.tell(self.on_done, result)
 
     @staticmethod
-    def _call(callback, *args) -> None:
+    def tell(callback, *args) -> None:
+        """Call one of the ticket's callbacks, if given; a fault in it is logged and goes no further."""
         if callback is None:
             return
         try:
@@ -219,15 +220,15 @@ class EngineService:
     def _segment(ticket: Ticket, segment: Segment, language: str) -> None:
         """Straight to the ticket where no stage comes after the engine; else once the stage is done."""
         if ticket.post.idle:
-            ticket._call(ticket.on_segment, segment, language)
+            ticket.tell(ticket.on_segment, segment, language)
 
     @staticmethod
     def _progress(ticket: Ticket, seconds: float) -> None:
-        ticket._call(ticket.on_progress, seconds)
+        ticket.tell(ticket.on_progress, seconds)
 
     @staticmethod
     def _partial(ticket: Ticket, transcription: Transcription) -> None:
-        ticket._call(ticket.on_partial, transcription)
+        ticket.tell(ticket.on_partial, transcription)
 
     def _busy(self) -> bool:
         return any(engine.busy for engine in self._engines.values())
