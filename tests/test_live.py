@@ -192,15 +192,15 @@ def rss_over_time(cmd: list[str], stdin: Path) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads memory from Linux's /proc")
 def test_memory_stays_flat_on_an_hour_of_live_audio(tmp_path):
-    """An hour fed as fast as it goes (the JFK sentence once a minute): what the process holds late
+    """An hour fed as fast as it goes (a 2 s sentence once a minute): what the process holds late
     in the hour is what it held early on.
 
     Medians, not peaks: each batch of windows raises the memory for a moment, by as much as
     100 MB here, while keeping the hour's audio even as 16-bit samples adds 115 MB by its end
     (about 80 MB between the two stretches compared, when tried)."""
     minute = np.zeros(60 * 16000, np.float32)
-    jfk = decoded(corpus(JFK))
-    minute[: len(jfk)] = jfk
+    sentence = decoded(corpus("en_librispeech_2830-3980-0043.wav"))
+    minute[: len(sentence)] = sentence
     path = tmp_path / "hour.wav"
     path.write_bytes(wav_bytes(np.tile(minute, 60)))
     cmd = [FERRUM, "transcribe", "-", "--live", "-m", "tiny.en", "-f", "jsonl", "-q", "--batch-size", "4"]
