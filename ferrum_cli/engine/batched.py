@@ -505,15 +505,19 @@ class BatchedEngine:
             heard = [k for k, regions in enumerate(spoken) if speech_within(regions, a, b) > STRADDLE]
             if len(heard) > 1:
                 redo.update(heard)
-            nearest = min(range(len(centres)), key=lambda k: abs(centres[k] - (a + b) / 2))  # over no one's speech
-            owners.append(heard[0] if len(heard) == 1 else None if heard else nearest)
+                owners.append(None)
+            elif heard:
+                owners.append(heard[0])
+            else:  # over no one's speech: the nearest input's
+                owners.append(min(range(len(centres)), key=lambda k: abs(centres[k] - (a + b) / 2)))
         timed = any(piece.words is not None for piece in pieces)
         for k, part in enumerate(window.parts):
-            mine = [piece for piece, owner in zip(pieces, owners) if owner == k]
             if part.source.cancelled:
                 continue
+            mine = [piece for piece, owner in zip(pieces, owners) if owner == k]
+            view = alone(window, part)
             if k in redo or not mine or self._loops(mine):
-                again.append(alone(window, part))
+                again.append(view)
                 continue
             duration = part.length / SAMPLE_RATE
             for piece in mine:
@@ -522,7 +526,6 @@ class BatchedEngine:
                 self._fit_words(mine, part.source)
             found += [(piece, part.source) for piece in mine]
             part.source.packed = True
-            view = alone(window, part)
             if tail := rest_of_speech(mine, view, self.decoding):
                 again.append(Window(part.source, *tail, tail=True, follows=mine[-1].text))
 
