@@ -108,10 +108,10 @@ class StaticCacheInference:
         key, value, bias = self.folded[i]
         n_batch, n_tokens = q.shape[:2]
         n_head = key.shape[0]
-        folded = self._heads(q, n_head) @ key  # [batch, head, tokens, width]
+        folded = _by_row(self._heads(q, n_head), key)  # [batch, head, tokens, width]
         folded = folded.reshape(n_batch, n_head * n_tokens, -1).to(self.cache_dtype)
         mixed = _attend_features(folded, self.features).to(self.dtype)
-        out = mixed.view(n_batch, n_head, n_tokens, -1) @ value + bias[:, None]  # [batch, head, tokens, head width]
+        out = _by_row(mixed.view(n_batch, n_head, n_tokens, -1), value, bias[:, None])  # [..., head width]
         return out.transpose(1, 2).flatten(2)
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
@@ -166,6 +166,20 @@ class StaticCacheInference:
 
     def cleanup_caching(self) -> None:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
+
+
+def _by_row(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight (+ bias) for x [batch, head, tokens, n] and weight [head, n, m], bias [head, 1, m].
+
+    On a CPU, one product per row: broadcasting the weight over the batch copies it for every
+    row (8 x 512 x 64 floats per layer and row), which took longer than the products.
+    """
+    if x.device.type != "cpu":
+        return x @ weight if bias is None else x @ weight + bias
+    out = torch.empty(*x.shape[:-1], weight.shape[-1], dtype=x.dtype)
+    for row in range(x.shape[0]):
+        torch.bmm(x[row], weight, out=out[row])
+    return out if bias is None else out.add_(bias)
 
 
 def _move_up(cache: Tensor, kept: list[int], dim: int) -> None:
