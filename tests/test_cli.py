@@ -52,6 +52,7 @@ def test_single_file_prints_its_text():
         ["--dtype", "bfloat16"],
         ["--dtype", "float16"],
         ["--compute", "bfloat16"],
+        ["--compute", "float32"],  # AVX2's path: float32 encoder, float16 features in the decoder (x86)
         pytest.param(["--compute", "int8"], marks=pytest.mark.skipif(not int8_available(), reason="x86 only")),
     ],
     ids=" ".join,
@@ -226,6 +227,7 @@ def test_status_as_table_and_json():
     assert doc["cpu_compute"] != "bfloat16" or doc["cpu_bfloat16_instructions"] is True
     path = doc["cpu_path"]  # which path this CPU gets, and why
     assert path["encoder"] == doc["cpu_compute"] and path["instructions"] in path["why"]
+    assert path["decoder_features"] == ("bfloat16" if path["encoder"] == "bfloat16" else "float16")  # x86: fbgemm
     assert doc["default_model_ready_offline"] is True
     assert any(p["model"] == "base" for p in doc["installed_packs"])
 

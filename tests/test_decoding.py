@@ -232,7 +232,39 @@ def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
     torch.testing.assert_close(steps, expected[:, 4:12], atol=0.15, rtol=0.02)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@x86_fbgemm
+@needs_corpus
+def test_float16_features_give_openai_whisper_next_tokens(executor):
+    """With the features read as float16 weights (fbgemm, summed in float32), the logits stay
+    within float16's rounding of openai-whisper's, far inside bfloat16's, and every step picks
+    the same token."""
+    from whisper.audio import log_mel_spectrogram, pad_or_trim
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    model = executor._model
+    mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 400, 370, 11, 452, 7177, 6280, 11, 1029]]).repeat(3, 1)
+    with torch.no_grad():
+        features = model.encoder(mel).repeat(3, 1, 1)
+        expected = model.decoder(tokens, features)
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.float16)
+        inference.logits(tokens[:, :4], features)
+        assert inference.half_features is not None and inference.features is None
+        steps = torch.cat([inference.logits(tokens[:, : n + 1], features) for n in range(4, 12)], dim=1)
+    assert torch.equal(steps.argmax(-1), expected[:, 4:12].argmax(-1))
+    torch.testing.assert_close(steps, expected[:, 4:12], atol=0.02, rtol=0.002)
+
+
+def test_float16_features_fall_back_to_the_models_dtype_where_fbgemm_cannot_hold_the_weights():
+    model = small_model(float16_exact=False)
+    with torch.no_grad():
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.float16)
+        inference.logits(torch.randint(0, 50000, (2, 4)), torch.randn(2, 1500, 64))
+    assert inference.half_features is None and inference.features.dtype == torch.float32
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_rows_that_leave_the_batch_leave_the_others_as_if_decoded_alone(cache_dtype):
     """keep_rows moves the remaining rows' caches up in place; what they compute stays theirs."""
     model = small_model(float16_exact=True)
@@ -257,7 +289,7 @@ def test_rows_that_leave_the_batch_leave_the_others_as_if_decoded_alone(cache_dt
 
 
 @needs_corpus
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_a_window_gets_the_same_logits_alone_and_in_any_batch(executor, cache_dtype):
     """A request's text must not depend on what shares its batch: the server batches requests
     that arrive together, and a file decoded alone must read as it does in a folder."""

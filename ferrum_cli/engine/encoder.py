@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import DeviceError, UsageError
 from ..options import COMPUTES, TranscribeOptions
-from ..platform.cpu import cpu_flags, cpu_has_native_bf16, cpu_name, int8_available
+from ..platform.cpu import cpu_flags, cpu_has_native_bf16, cpu_name, half_products_available, int8_available
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
     import torch
@@ -22,8 +22,7 @@ ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations
 @dataclass(frozen=True)
 class Compute:
     """How the batched engine computes: the encoder's products, and the dtype of the decoder's
-    cross-attention cache (and of its vocabulary projection where that is not on float16-weight
-    products, see decoding.HalfWeightProducts)."""
+    cross-attention features (see decoding.StaticCacheInference)."""
 
     encoder: str  # "int8", "bfloat16" (autocast) or the model's own dtype
     cache_dtype: torch.dtype
@@ -45,7 +44,15 @@ def plan_compute(model, options: TranscribeOptions) -> Compute:
     if model.device.type != "cpu" or weights != torch.float32:
         return Compute(str(weights).removeprefix("torch."), weights)
     choice = cpu_auto_compute() if options.compute == "auto" else options.compute
-    return Compute(choice, torch.bfloat16 if choice == "bfloat16" else weights)
+    return Compute(choice, torch.bfloat16 if choice == "bfloat16" else cpu_feature_dtype())
+
+
+def cpu_feature_dtype() -> torch.dtype:
+    """The decoder's cross-attention features where the encoder is not in bfloat16: float16 on
+    fbgemm's float16-weight products (half the reading, float32 sums), else float32."""
+    import torch
+
+    return torch.float16 if half_products_available() else torch.float32
 
 
 def cpu_auto_compute() -> str:
@@ -88,6 +95,7 @@ def cpu_path() -> dict:
         "instructions": best,
         "torch_kernels": torch.backends.cpu.get_cpu_capability(),  # what ATen dispatches to
         "encoder": encoder,
+        "decoder_features": "bfloat16" if encoder == "bfloat16" else str(cpu_feature_dtype()).removeprefix("torch."),
         "int8_kernels": int8_available(),
         "why": why,
     }

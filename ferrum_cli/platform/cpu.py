@@ -43,6 +43,15 @@ def int8_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
+def half_products_available() -> bool:
+    """fbgemm (x86) with its float16-weight linear, which computes in float32."""
+    import torch
+
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
+        torch.ops.quantized, "linear_prepack_fp16"
+    )
+
+
 def full_range_activations() -> bool:
     """8-bit activations need VNNI: without it fbgemm's 16-bit pair sums can saturate, so 7 bits."""
     return "avx512_vnni" in cpu_flags()
