@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from functools import cache
 
 import pytest
 import torch
@@ -11,6 +13,19 @@ from ferrum_cli.engine import encoder
 from ferrum_cli.engine.quantize import Int8Linear
 from ferrum_cli.platform import cpu
 from ferrum_cli.platform.cpu import full_range_activations, int8_available
+
+from .helpers import FERRUM, JFK, ROOT, corpus, words
+
+AS_AVX2 = ROOT.parent / "shared" / "bench" / "as_avx2.sh"  # hides AVX-512 and AMX from a command (root, Linux)
+
+
+@cache
+def avx2_emulation() -> str | None:
+    """Why as_avx2.sh cannot run here, or None when it can."""
+    if not AS_AVX2.exists():
+        return f"{AS_AVX2} is absent; CI has it"
+    probe = subprocess.run([str(AS_AVX2), "true"], capture_output=True, text=True)
+    return f"as_avx2.sh does not run here: {probe.stderr.strip()[:200]}" if probe.returncode else None
 
 
 def test_auto_compute_is_measured_once_per_machine_and_remembered(tmp_path, monkeypatch):
@@ -35,3 +50,21 @@ def test_an_int8_linear_layer_stays_close_to_float32():
         exact, rounded = linear(x), Int8Linear(linear, reduce_range)(x)
     assert rounded.shape == exact.shape
     assert ((rounded - exact).norm() / exact.norm()).item() < (0.03 if reduce_range else 0.02)
+
+
+def test_a_cpu_with_avx2_and_nothing_newer_gets_float32_products_and_float16_features():
+    """What most users' CPUs get, on this machine with AVX-512 and AMX hidden: `ferrum status`
+    names the path and why, and the path transcribes."""
+    if (why := avx2_emulation()) is not None:
+        pytest.skip(why)
+    status = subprocess.run([str(AS_AVX2), FERRUM, "status", "--json"], capture_output=True, text=True, timeout=300)
+    assert status.returncode == 0, status.stderr
+    path = json.loads(status.stdout)["cpu_path"]
+    assert path["instructions"] == "AVX2" and path["torch_kernels"] == "AVX2"
+    assert path["encoder"] == "float32" and path["decoder_features"] == "float16"
+    assert "AVX2 has no bfloat16 instructions" in path["why"]
+    proc = subprocess.run(
+        [str(AS_AVX2), FERRUM, "transcribe", str(corpus(JFK)), "--language", "en"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
