@@ -107,7 +107,7 @@ class StaticCacheInference:
                 self.cache_dtype = self.dtype
             else:
                 self.half_features = [HalfFeatures(row) for row in audio_features]
-        self.features = None if self.half_features else audio_features.to(self.cache_dtype)
+        self.features = None if self.half_features is not None else audio_features.to(self.cache_dtype)
         self.owns_features = self.features is not audio_features  # a copy: keep_rows may write in it
         shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
         self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)

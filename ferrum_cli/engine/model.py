@@ -129,7 +129,7 @@ def build_model(weights: Weights, device: str, dtype: torch.dtype) -> FerrumWhis
     if not heads.any():
         heads[dims.n_text_layer // 2 :] = True  # openai-whisper's own default
     model.register_buffer("alignment_heads", heads.to_sparse(), persistent=False)
-    # float16 holds every weight exactly: the decoder's float16-weight products need not check
+    # float16 holds a float16 checkpoint's weights exactly: the decoder's float16 products need not check
     model.float16_checkpoint = all(
         v.dtype == torch.float16 for v in weights.state_dict.values() if v.is_floating_point()
     )
