@@ -212,9 +212,16 @@ def test_a_batch_on_float16_weight_products_gives_openai_whisper_logits(executor
 
 
 @needs_corpus
-def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
-    """With the features in bfloat16 (their cross-attention as two products on a CPU), the logits
-    stay within bfloat16's rounding of openai-whisper's, and every step picks the same token."""
+@pytest.mark.parametrize(
+    "cache_dtype, atol, rtol",
+    [
+        (torch.bfloat16, 0.15, 0.02),  # the features in bfloat16, their cross-attention as two products on a CPU
+        pytest.param(torch.float16, 0.02, 0.002, marks=x86_fbgemm),  # read as fbgemm float16 weights, float32 sums
+    ],
+)
+def test_half_precision_features_give_openai_whisper_next_tokens(executor, cache_dtype, atol, rtol):
+    """With the features in half precision, the logits stay within its rounding of
+    openai-whisper's (float16's far inside bfloat16's), and every step picks the same token."""
     from whisper.audio import log_mel_spectrogram, pad_or_trim
 
     from ferrum_cli.audio.ffmpeg import decode_file
@@ -225,35 +232,12 @@ def test_bfloat16_features_give_openai_whisper_next_tokens(executor):
     with torch.no_grad():
         features = model.encoder(mel).repeat(4, 1, 1)
         expected = model.decoder(tokens, features)
-        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.bfloat16)
+        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=cache_dtype)
         inference.logits(tokens[:, :4], features)
+        assert (inference.half_features is not None) == (cache_dtype == torch.float16)
         steps = torch.cat([inference.logits(tokens[:, : n + 1], features) for n in range(4, 12)], dim=1)
     assert torch.equal(steps.argmax(-1), expected[:, 4:12].argmax(-1))
-    torch.testing.assert_close(steps, expected[:, 4:12], atol=0.15, rtol=0.02)
-
-
-@x86_fbgemm
-@needs_corpus
-def test_float16_features_give_openai_whisper_next_tokens(executor):
-    """With the features read as float16 weights (fbgemm, summed in float32), the logits stay
-    within float16's rounding of openai-whisper's, far inside bfloat16's, and every step picks
-    the same token."""
-    from whisper.audio import log_mel_spectrogram, pad_or_trim
-
-    from ferrum_cli.audio.ffmpeg import decode_file
-
-    model = executor._model
-    mel = pad_or_trim(log_mel_spectrogram(torch.from_numpy(decode_file(corpus(JFK)).samples)), 3000)[None]
-    tokens = torch.tensor([[50258, 50259, 50359, 50363, 400, 370, 11, 452, 7177, 6280, 11, 1029]]).repeat(3, 1)
-    with torch.no_grad():
-        features = model.encoder(mel).repeat(3, 1, 1)
-        expected = model.decoder(tokens, features)
-        inference = StaticCacheInference(model, initial_token_length=4, sot_index=0, cache_dtype=torch.float16)
-        inference.logits(tokens[:, :4], features)
-        assert inference.half_features is not None and inference.features is None
-        steps = torch.cat([inference.logits(tokens[:, : n + 1], features) for n in range(4, 12)], dim=1)
-    assert torch.equal(steps.argmax(-1), expected[:, 4:12].argmax(-1))
-    torch.testing.assert_close(steps, expected[:, 4:12], atol=0.02, rtol=0.002)
+    torch.testing.assert_close(steps, expected[:, 4:12], atol=atol, rtol=rtol)
 
 
 def test_float16_features_fall_back_to_the_models_dtype_where_fbgemm_cannot_hold_the_weights():
