@@ -46,6 +46,18 @@ def corpus(name: str) -> Path:
 
 JFK = "en_jfk_inaugural_1961.flac"
 
+# writes a 16-bit 16 kHz mono WAV file (argv[1]) to stdout at argv[2] times real time, 0.1 s a write
+PACER = r"""
+import sys, time
+data = open(sys.argv[1], "rb").read()
+rate = 32000 * float(sys.argv[2])  # bytes per second of 16-bit 16 kHz mono, sped up
+step, start, out = int(rate / 10), time.monotonic(), sys.stdout.buffer
+for i in range(0, len(data), step):
+    out.write(data[i : i + step])
+    out.flush()
+    time.sleep(max(0.0, start + (i + step) / rate - time.monotonic()))
+"""
+
 
 def run_ferrum(
     *args: str, stdin: bytes | None = None, cwd: Path | None = None, timeout: float = 600, env: dict | None = None

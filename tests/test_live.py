@@ -19,6 +19,7 @@ import pytest
 from .helpers import (
     FERRUM,
     JFK,
+    PACER,
     SAMPLE,
     clip_text,
     corpus,
@@ -32,17 +33,6 @@ from .helpers import (
 
 CLIPS = [JFK, "en_harvard_speechbrain_example1.wav", "en_librispeech_61-70968-0000.flac", "en_ljspeech_LJ001-0001.flac"]
 GAP_SECONDS = 2.0
-
-PACER = r"""
-import sys, time
-data = open(sys.argv[1], "rb").read()
-rate = 32000 * float(sys.argv[2])  # bytes per second of 16-bit 16 kHz mono, sped up
-step, start, out = int(rate / 10), time.monotonic(), sys.stdout.buffer
-for i in range(0, len(data), step):
-    out.write(data[i : i + step])
-    out.flush()
-    time.sleep(max(0.0, start + (i + step) / rate - time.monotonic()))
-"""
 
 
 def decoded(path: Path) -> np.ndarray:
