@@ -65,7 +65,9 @@ def segment_json(segment: Segment, language: str | None = None) -> str:
 
 def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str:
     """One segment in a format that streams (WRITERS[fmt].streams), as it is decoded."""
-    return segment_json(segment, language) + "\n" if fmt == "jsonl" else segment.text.strip() + "\n"
+    if fmt == "jsonl":
+        return segment_json(segment, language) + "\n"
+    return (f"[{segment.speaker}] " if segment.speaker else "") + segment.text.strip() + "\n"
 
 
 def _txt(result: Transcription, layout: SubtitleLayout) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from ferrum_cli.post.diarizer import Turn
 from ferrum_cli.post.speakers import assign_speakers
 from ferrum_cli.results import Segment, Transcription, Word
 
-from .helpers import FERRUM, JFK, corpus, diarization_error_rate, run_ferrum, wav_bytes
+from .helpers import FERRUM, JFK, PACER, corpus, diarization_error_rate, run_ferrum, wav_bytes
 
 TWO_SPEAKERS = "diarization/pyannote_sample.wav"
 
@@ -97,9 +99,55 @@ def test_silence_gives_no_labels_and_too_little_speech_one_speaker_and_a_warning
     assert len(warning) == 1, proc.stderr
 
 
+def test_live_speakers_are_labelled_as_they_are_heard_and_keep_their_labels(two_speakers, tmp_path):
+    """--live --diarize on pyannote's sample twice (from 6 s, where its speech starts), 3 s apart,
+    at four times real time: the first copy's lines come with their speakers while the second is
+    still streaming, the second copy's voices are the first's speakers again, the final turns
+    (rttm) say what the lines said, and each copy scores at most 25% DER (20% from the whole
+    recording, test above). After two_speakers, whose run compiled the diarizer's numba code."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+
+    cut, gap, speed = 6.0, 3.0, 4
+    sample = decode_file(corpus(TWO_SPEAKERS)).samples[int(cut * 16000) :]
+    wav = tmp_path / "twice.wav"
+    wav.write_bytes(wav_bytes(np.concatenate([sample, np.zeros(int(gap * 16000), np.float32), sample])))
+    pacer = subprocess.Popen([sys.executable, "-c", PACER, str(wav), str(speed)], stdout=subprocess.PIPE)
+    ferrum = subprocess.Popen(
+        [FERRUM, "transcribe", "-", "--live", "--diarize", "--language", "en", "-f", "jsonl", "-f", "rttm", "-q"],
+        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pacer.stdout.close()
+    start = time.monotonic()
+    out = [(time.monotonic() - start, line) for line in ferrum.stdout]
+    assert pacer.wait(10) == 0 and ferrum.wait(60) == 0, ferrum.stderr.read()
+    lines = [(at, json.loads(line)) for at, line in out if line.startswith("{")]
+    turns = [line.split() for _, line in out if line.startswith("SPEAKER ")]
+    turns = [(float(f[3]), float(f[3]) + float(f[4]), f[7]) for f in turns]
+    copy = len(sample) / 16000  # the second copy starts at copy + gap
+    first = [(at, line["speaker"]) for at, line in lines if line["end"] <= copy + gap / 2]
+    second = [(at, line["speaker"]) for at, line in lines if line["start"] > copy + gap / 2]
+    assert first and second and all(speaker for _, speaker in first + second)
+    assert {speaker for _, speaker in second} <= {speaker for _, speaker in first}  # heard before: the same labels
+    assert len({speaker for _, speaker in first}) >= 2
+    assert max(at for at, _ in first) < (2 * copy + gap) / speed  # before the pacer had written it all
+    for _, line in lines:  # each line's speaker is the final turns' over most of it: no label changed
+        overlap: dict[str, float] = {}
+        for a, b, who in turns:
+            overlap[who] = overlap.get(who, 0.0) + max(0.0, min(b, line["end"]) - max(a, line["start"]))
+        if max(overlap.values()) > 0:
+            assert max(overlap, key=overlap.get) == line["speaker"], (line, turns)
+    for shift in (0.0, copy + gap):
+        rttm = "".join(
+            f"SPEAKER pyannote_sample 1 {a - shift + cut:.3f} {b - a:.3f} <NA> <NA> {who} <NA> <NA>\n"
+            for a, b, who in turns
+            if shift <= a < shift + copy
+        )
+        assert diarization_error_rate(rttm, "pyannote_sample") <= 0.25, (shift, rttm)
+
+
 def test_what_diarization_cannot_do_is_a_usage_error():
     for args, says in (
-        (["-", "--live", "--diarize"], "does not run with --live"),
+        (["-", "--live", "--diarize", "--min-speakers", "2"], "does not run with --live"),
         ([str(corpus(JFK)), "-f", "rttm"], "needs --diarize"),
         ([str(corpus(JFK)), "--speakers", "2"], "need diarize"),
         ([str(corpus(JFK)), "--diarize", "--min-speakers", "3", "--max-speakers", "2"], "above max_speakers"),
@@ -172,3 +220,29 @@ def test_known_speakers_samples_name_their_voices(tmp_path):
     ):
         proc = run_ferrum("transcribe", str(two), *args)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+def test_live_voices_match_those_heard_before_but_a_stretchs_own_voices_stay_apart():
+    """LiveSpeakers' matching on CAM++-sized voices: alike at 0.75 or more is the same speaker,
+    except two voices the diarizer told apart in one stretch; a known voice keeps its name; past
+    the count a new voice goes to the most alike."""
+    from ferrum_cli.post.diarizer import SpeakerCount
+    from ferrum_cli.post.live_speakers import LiveSpeakers
+
+    rng = np.random.default_rng(0)
+    ann, a, b = (rng.standard_normal(192) for _ in range(3))
+
+    def near(voice, similarity):  # a voice at this cosine similarity to `voice`
+        other = rng.standard_normal(192)
+        other -= other @ voice / (voice @ voice) * voice
+        return similarity * voice / np.linalg.norm(voice) + np.sqrt(1 - similarity**2) * other / np.linalg.norm(other)
+
+    live = LiveSpeakers(SpeakerCount(), known={"Ann": ann})
+    first = live._match({0: a, 1: near(a, 0.8)}, {0: 5.0, 1: 5.0})  # alike, but told apart in the stretch
+    assert first == {0: 1, 1: 2} and [v.label for v in live.voices] == ["Ann", "SPEAKER_00", "SPEAKER_01"]
+    assert live._match({0: near(a, 0.9)}, {0: 3.0}) == {0: 1}  # heard before
+    assert live._match({0: near(ann, 0.85)}, {0: 3.0}) == {0: 0}  # the known speaker
+    assert live._match({0: b}, {0: 3.0}) == {0: 3} and live.voices[3].label == "SPEAKER_02"
+    capped = LiveSpeakers(SpeakerCount(at_most=1))
+    assert capped._match({0: a}, {0: 2.0}) == {0: 0}
+    assert capped._match({0: b, 1: near(a, 0.5)}, {0: 2.0, 1: 2.0}) == {0: 0, 1: 0} and len(capped.voices) == 1

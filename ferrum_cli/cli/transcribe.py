@@ -233,7 +233,7 @@ def transcribe(
         typer.Option(
             "--diarize",
             show_default=False,
-            help="Label who spoke when (offline, no token).",
+            help="Label who spoke when (offline, no token); with --live, stretch by stretch as heard.",
             rich_help_panel=SPEAKER_PANEL,
         ),
     ] = False,
@@ -242,7 +242,10 @@ def transcribe(
         typer.Option(help="Exactly this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL),
     ] = None,
     min_speakers: Annotated[
-        int | None, typer.Option(help="At least this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL)
+        int | None,
+        typer.Option(
+            help="At least this many speakers (not with --live).", min=1, max=100, rich_help_panel=SPEAKER_PANEL
+        ),
     ] = None,
     max_speakers: Annotated[
         int | None, typer.Option(help="At most this many speakers.", min=1, max=100, rich_help_panel=SPEAKER_PANEL)
@@ -351,7 +354,7 @@ def transcribe(
         jobs.append(call(microphone, mic, "mic"))
         live = True
     if live:
-        _check_live(jobs, vad, sequential or (beam_size or 1) > 1, diarize)
+        _check_live(jobs, vad, sequential or (beam_size or 1) > 1, min_speakers)
     if workers is not None and cluster is None:
         fail(UsageError("--workers needs --cluster"))
     if output_dir is not None:
@@ -438,17 +441,17 @@ def _names(given: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in given.split(",")) if given is not None else ()
 
 
-def _check_live(jobs, vad: bool, sequential: bool, diarize: bool) -> None:
+def _check_live(jobs, vad: bool, sequential: bool, min_speakers: int | None) -> None:
     """Live input is cut at pauses by the VAD, in the batched engine, and only streams are live;
-    diarization clusters voices over the whole recording, so it does not run live."""
+    speakers are labelled as they are heard, so a count the recording must reach cannot hold."""
     if files := [job for job in jobs if not job.is_stream]:
         fail(UsageError(f"--live reads stdin, a URL or --mic, not a file: {files[0].display}"))
     if not vad:
         fail(UsageError("--live needs the VAD: it cuts the stream at pauses"))
     if sequential:
         fail(UsageError("--live runs in the batched engine: drop --sequential and --beam-size"))
-    if diarize:
-        fail(UsageError("--diarize tells voices apart over the whole recording: it does not run with --live"))
+    if min_speakers is not None:
+        fail(UsageError("--min-speakers does not run with --live: speakers are labelled as they are heard"))
 
 
 def _check_subtitle_options(layout, word_timestamps: bool) -> None:

@@ -56,6 +56,7 @@ class Ticket:
         threading.Thread(target=self._post_process, args=(post, result), name="ferrum-post", daemon=True).start()
 
     def _post_process(self, post: PostProcess, result: Transcription) -> None:
+        told = post.told  # a live stream's segments handed on as they were labelled
         try:
             result = post.apply(result)
         except FerrumError as exc:
@@ -65,7 +66,7 @@ class Ticket:
             log.error("post-processing failed: %s: %s", type(exc).__name__, exc)
             self._hand_on(ServiceError(f"post-processing failed: {type(exc).__name__}"))
             return
-        for segment in result.segments:
+        for segment in result.segments[told:]:
             self.tell(self.on_segment, segment, result.language)
         self._hand_on(result)
 
@@ -228,6 +229,16 @@ class EngineService:
 
     @staticmethod
     def _partial(ticket: Ticket, transcription: Transcription) -> None:
+        """A live stream so far; with speakers to label, its new segments are labelled first and
+        handed on as segments here (the diarizer's work is the engine thread's while it runs)."""
+        if ticket.post.live_speakers is not None:
+            try:
+                transcription, labelled = ticket.post.partial(transcription)
+            except Exception as exc:  # e.g. the diarizer is not installed: the input fails when it ends
+                log.error("labelling speakers failed: %s: %s", type(exc).__name__, exc)
+                return
+            for segment in labelled:
+                ticket.tell(ticket.on_segment, segment, transcription.language)
         ticket.tell(ticket.on_partial, transcription)
 
     def _busy(self) -> bool:
@@ -254,7 +265,7 @@ class EngineService:
                 return  # one input at a time
             ticket = self._submitted.pop(0)
             try:
-                ticket.post = PostProcess(ticket.options, str(self.model.device))
+                ticket.post = PostProcess(ticket.options, str(self.model.device), ticket.live)
             except FerrumError as exc:  # e.g. a known speaker's sample that is not audio
                 ticket.finish(exc)
                 continue

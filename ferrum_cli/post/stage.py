@@ -18,9 +18,10 @@ from ..audio.ffmpeg import decode_bytes
 from ..audio.spool import AudioSpool
 from ..errors import FerrumError, UsageError
 from ..options import POST_FIELDS, TranscribeOptions
-from ..results import Transcription
+from ..results import Segment, Transcription
 from . import diarizer
 from .diarizer import Turn
+from .live_speakers import LiveSpeakers
 from .speakers import assign_speakers, match_known
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
@@ -30,13 +31,20 @@ class PostProcess:
     """The stage for one input. tap() its audio opener before the engine opens it, so that a step
     that needs the audio (diarization) has it; apply() the engine's result; close() always."""
 
-    def __init__(self, options: TranscribeOptions, device: str = "cpu") -> None:
+    def __init__(self, options: TranscribeOptions, device: str = "cpu", live: bool = False) -> None:
+        """live: the input is a live stream, whose speakers are labelled stretch by stretch (partial)."""
         self.options, self.device = options, device
         self.engine_options = options.for_engine()
         self._spool = AudioSpool() if self.runs_for(options) else None
         self._known_samples = self._decode_known() if self.runs_for(options) else {}
         if options.diarize:
             diarizer.preload(device)
+        self.live_speakers: LiveSpeakers | None = None
+        self.newly_labelled = 0  # segments the last live labelling gave (split at changes)
+        if options.diarize and live:
+            count = diarizer.SpeakerCount(options.speakers, options.min_speakers, options.max_speakers)
+            known = self._known_voices() if options.known_speakers else {}
+            self.live_speakers = LiveSpeakers(count, options.speaker_names, known, device)
 
     @staticmethod
     def runs_for(options: TranscribeOptions) -> bool:
@@ -62,7 +70,20 @@ class PostProcess:
     def steps(self) -> list[Callable[[Transcription], Transcription]]:
         if self.idle:
             return []
-        return [self._speakers, self._record, self._words_as_asked]
+        speakers = self._speakers if self.live_speakers is None else self._live_speakers
+        return [speakers, self._record, self._words_as_asked]
+
+    def partial(self, result: Transcription) -> tuple[Transcription, list[Segment]]:
+        """A live stream so far through the steps, its new segments labelled; and those segments,
+        as the writers get them."""
+        for step in self.steps():
+            result = step(result)
+        return result, result.segments[len(result.segments) - self.newly_labelled :]
+
+    @property
+    def told(self) -> int:
+        """Segments already handed on by partial(): apply() hands on the ones after them."""
+        return len(self.live_speakers.segments) if self.live_speakers is not None else 0
 
     def close(self) -> None:
         if self._spool:
@@ -91,6 +112,13 @@ class PostProcess:
             return assign_speakers(result, [Turn(a, b, 0) for a, b in spans], opts.speaker_names)
         known = match_known(found.voices, self._known_voices(), diarizer.SAME_VOICE) if opts.known_speakers else {}
         return assign_speakers(result, turns, opts.speaker_names, known)
+
+    def _live_speakers(self, result: Transcription) -> Transcription:
+        """The labels given as the stream went, with the segments not labelled yet labelled now."""
+        samples = self._spool.samples()
+        self.newly_labelled = len(self.live_speakers.label_new(result, samples))
+        del samples
+        return self.live_speakers.result(result)
 
     def _decode_known(self) -> dict[str, np.ndarray]:
         """The known speakers' samples, decoded before any work, so that one that is not audio
