@@ -52,7 +52,6 @@ def test_single_file_prints_its_text():
         ["--dtype", "bfloat16"],
         ["--dtype", "float16"],
         ["--compute", "bfloat16"],
-        ["--compute", "float32"],  # AVX2's path: float32 encoder, float16 features in the decoder (x86)
         pytest.param(["--compute", "int8"], marks=pytest.mark.skipif(not int8_available(), reason="x86 only")),
     ],
     ids=" ".join,
