@@ -112,7 +112,7 @@ class LiveSpeakers:
                 mapping[s] = i
         for s in voices:
             if s not in mapping:
-                if self.limit is None or len(self.voices) < self.limit:
+                if self._room():
                     mapping[s] = self._new_speaker()
                 else:
                     mapping[s] = max(range(len(self.voices)), key=lambda i: self.voices[i].similarity(voices[s]))
@@ -129,4 +129,8 @@ class LiveSpeakers:
         """For a stretch with no voice heard in it: who spoke last, or a first speaker."""
         if self.segments:
             return next(i for i, v in enumerate(self.voices) if v.label == self.segments[-1].speaker)
-        return self._new_speaker() if self.limit is None or len(self.voices) < self.limit else 0
+        return self._new_speaker() if self._room() else 0
+
+    def _room(self) -> bool:
+        """Whether the count allows another speaker."""
+        return self.limit is None or len(self.voices) < self.limit

@@ -40,7 +40,6 @@ class PostProcess:
         if options.diarize:
             diarizer.preload(device)
         self.live_speakers: LiveSpeakers | None = None
-        self.newly_labelled = 0  # segments the last live labelling gave (split at changes)
         if options.diarize and live:
             count = diarizer.SpeakerCount(options.speakers, options.min_speakers, options.max_speakers)
             known = self._known_voices() if options.known_speakers else {}
@@ -76,9 +75,10 @@ class PostProcess:
     def partial(self, result: Transcription) -> tuple[Transcription, list[Segment]]:
         """A live stream so far through the steps, its new segments labelled; and those segments,
         as the writers get them."""
+        told = self.told
         for step in self.steps():
             result = step(result)
-        return result, result.segments[len(result.segments) - self.newly_labelled :]
+        return result, result.segments[told:]
 
     @property
     def told(self) -> int:
@@ -116,7 +116,7 @@ class PostProcess:
     def _live_speakers(self, result: Transcription) -> Transcription:
         """The labels given as the stream went, with the segments not labelled yet labelled now."""
         samples = self._spool.samples()
-        self.newly_labelled = len(self.live_speakers.label_new(result, samples))
+        self.live_speakers.label_new(result, samples)
         del samples
         return self.live_speakers.result(result)
 
