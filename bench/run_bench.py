@@ -25,7 +25,8 @@ BENCH_DEVICE=cuda runs the same scenarios on a GPU: ferrum and openai-whisper in
 faster-whisper in float16 where its CTranslate2 build can use the GPU. The targets are the CPU
 issue's, so that run prints its ratios without them and writes bench/results/cuda.json.
 BENCH_CORPUS names the corpus folder where ../shared/corpus is not beside the checkout, and
-BENCH_RESULTS the file to write.
+BENCH_RESULTS the file to write. BENCH_ONLY=files leaves out the server, live, realtime, cluster
+and diarization scenarios (the first three run at real-time pace), as on a GPU lent for minutes.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from common import (
 )  # fmt: skip
 
 AS_AVX2 = CORPUS.parent / "bench" / "as_avx2.sh"  # runs a command as on a CPU with AVX2 and nothing newer
+ONLY_FILES = os.environ.get("BENCH_ONLY") == "files"  # transcribing files alone: what fits a short GPU lease
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))  # runs of each system per scenario; the best time counts
 
 
@@ -391,45 +393,54 @@ def main() -> None:
     console.print("[b]memory[/b]: peak RSS on 10 and 60 minutes")
     rounds("60 minutes", audio["sixty_seconds"], None, [("ferrum", "whole process", ferrum_run([audio["sixty"]]))], 1)
 
-    console.print("[b]server[/b]: the 12 clips to ferrum serve from 1, 4 and 16 clients (serve_bench.py)")
-    from serve_bench import measure as measure_server
+    server_rows, live_row, realtime_row, cluster_rows, diarize_rows = [], None, None, [], []
+    more_ratios, more_targets = {}, {}  # of the scenarios below
+    if ONLY_FILES:
+        console.print("BENCH_ONLY=files: the server, live, realtime, cluster and diarization scenarios skipped")
+    else:
+        console.print("[b]server[/b]: the 12 clips to ferrum serve from 1, 4 and 16 clients (serve_bench.py)")
+        from serve_bench import measure as measure_server
 
-    server_rows, server_ratios, server_targets = measure_server(
-        [str(c) for c in clips], clip_s, str(audio["jfk"]), console
-    )
-
-    console.print(f"[b]live[/b]: the longform through --live from a real-time pacer ({lf_s:.0f} s, live_bench.py)")
-    from live_bench import measure as measure_live
-
-    live_row, live_ratios, live_targets = measure_live(
-        ferrum_command(), lf, audio["layouts"]["longform"], lf_ref, wer, console,
-        (audio["reversed"], audio["reversed_ref"]),
-    )  # fmt: skip
-
-    console.print(f"[b]realtime[/b]: the longform to /v1/realtime from the openai client at real time ({lf_s:.0f} s, "
-                  "realtime_bench.py)")  # fmt: skip
-    from realtime_bench import measure as measure_realtime
-    from serve_bench import Served
-
-    from ferrum_cli.audio.ffmpeg import decode_file
-
-    served = Served()
-    try:
-        realtime_row, realtime_ratios, realtime_targets = measure_realtime(
-            served.url, decode_file(lf).samples, audio["layouts"]["longform"], lf_ref, wer, console
+        server_rows, server_ratios, server_targets = measure_server(
+            [str(c) for c in clips], clip_s, str(audio["jfk"]), console
         )
-    finally:
-        served.stop()
 
-    console.print("[b]cluster[/b]: the longform and the 12 clips, --cluster local with one worker (cluster_bench.py)")
-    from cluster_bench import measure as measure_cluster
+        console.print(f"[b]live[/b]: the longform through --live from a real-time pacer ({lf_s:.0f} s, live_bench.py)")
+        from live_bench import measure as measure_live
 
-    cluster_rows, cluster_ratios, cluster_targets = measure_cluster(ferrum_command(), [lf, *clips], console)
+        live_row, live_ratios, live_targets = measure_live(
+            ferrum_command(), lf, audio["layouts"]["longform"], lf_ref, wer, console,
+            (audio["reversed"], audio["reversed_ref"]),
+        )  # fmt: skip
 
-    console.print("[b]diarization[/b]: --diarize on the corpus's diarization folder, scored (diarize_bench.py)")
-    from diarize_bench import measure as measure_diarization
+        console.print(f"[b]realtime[/b]: the longform to /v1/realtime from the openai client at real time"
+                      f" ({lf_s:.0f} s, realtime_bench.py)")  # fmt: skip
+        from realtime_bench import measure as measure_realtime
+        from serve_bench import Served
 
-    diarize_rows, diarize_ratios, diarize_targets = measure_diarization(ferrum_command(), console)
+        from ferrum_cli.audio.ffmpeg import decode_file
+
+        served = Served()
+        try:
+            realtime_row, realtime_ratios, realtime_targets = measure_realtime(
+                served.url, decode_file(lf).samples, audio["layouts"]["longform"], lf_ref, wer, console
+            )
+        finally:
+            served.stop()
+
+        console.print(
+            "[b]cluster[/b]: the longform and the 12 clips, --cluster local with one worker (cluster_bench.py)"
+        )
+        from cluster_bench import measure as measure_cluster
+
+        cluster_rows, cluster_ratios, cluster_targets = measure_cluster(ferrum_command(), [lf, *clips], console)
+
+        console.print("[b]diarization[/b]: --diarize on the corpus's diarization folder, scored (diarize_bench.py)")
+        from diarize_bench import measure as measure_diarization
+
+        diarize_rows, diarize_ratios, diarize_targets = measure_diarization(ferrum_command(), console)
+        more_ratios = server_ratios | live_ratios | realtime_ratios | cluster_ratios | diarize_ratios
+        more_targets = server_targets | live_targets | realtime_targets | cluster_targets | diarize_targets
 
     by = {(r["scenario"], r["system"]): r for r in rows}
     ours = by[("longform", "ferrum")]
@@ -498,8 +509,8 @@ def main() -> None:
         "60 min peak RSS MB": ("<=", 1536),
         "60 min / 10 min peak RSS": ("<=", 1.10),
     }
-    ratios |= server_ratios | live_ratios | realtime_ratios | cluster_ratios | diarize_ratios
-    targets |= server_targets | live_targets | realtime_targets | cluster_targets | diarize_targets
+    ratios |= more_ratios
+    targets |= more_targets
     if not on_cpu:
         targets = {}  # the issue's targets are for the CPU
     table = Table(title=f"ferrum bench (base, greedy, language given, {DEVICE})")
