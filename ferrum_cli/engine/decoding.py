@@ -119,13 +119,13 @@ class StaticCacheInference:
         key, value, bias = self.folded[i]
         n_batch, n_tokens = q.shape[:2]
         n_head = key.shape[0]
-        folded = _by_row(self._heads(q, n_head), key)  # [batch, head, tokens, width]
+        folded = _folded(self._heads(q, n_head), key)  # [batch, head, tokens, width]
         folded = folded.reshape(n_batch, n_head * n_tokens, -1)
         if self.half_features is not None:
             mixed = torch.stack([row.attend(queries) for row, queries in zip(self.half_features, folded)])
         else:
             mixed = _attend_features(folded.to(self.cache_dtype), self.features).to(self.dtype)
-        out = _by_row(mixed.view(n_batch, n_head, n_tokens, -1), value, bias[:, None])  # [..., head width]
+        out = _folded(mixed.view(n_batch, n_head, n_tokens, -1), value, bias[:, None])  # [..., head width]
         return out.transpose(1, 2).flatten(2)
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
@@ -185,18 +185,29 @@ class StaticCacheInference:
         self.half_features = None
 
 
-def _by_row(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight (+ bias) for x [batch, head, tokens, n] and weight [head, n, m], bias [head, 1, m].
+FOLD_ROWS = 16  # query rows per product of a fold: one shape for any batch (see _folded)
 
-    On a CPU, one product per row: broadcasting the weight over the batch copies it for every
-    row (8 x 512 x 64 floats per layer and row), which took longer than the products.
+
+def _folded(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight (+ bias) for x [batch, head, tokens, n] and weight [head, n, m], bias broadcast.
+
+    On a CPU the rows of all sequences go through each head's weight together, FOLD_ROWS at a
+    time with zeros after the last: the weights (8 x 64 x 512 floats a layer) are read once a
+    step, not once a row, and every product has the same shape whatever the batch, so a
+    sequence's numbers do not depend on what else shares its batch.
     """
     if x.device.type != "cpu":
         return x @ weight if bias is None else x @ weight + bias
-    out = torch.empty(*x.shape[:-1], weight.shape[-1], dtype=x.dtype)
-    for row in range(x.shape[0]):
-        torch.bmm(x[row], weight, out=out[row])
-    return out if bias is None else out.add_(bias)
+    n_batch, n_head, n_tokens, width = x.shape
+    rows = n_batch * n_tokens
+    padded = -(-rows // FOLD_ROWS) * FOLD_ROWS
+    stacked = x.new_zeros(n_head, padded, width)
+    stacked[:, :rows] = x.transpose(0, 1).reshape(n_head, rows, width)
+    out = torch.empty(n_head, padded, weight.shape[-1], dtype=x.dtype)
+    for at in range(0, padded, FOLD_ROWS):
+        torch.bmm(stacked[:, at : at + FOLD_ROWS], weight, out=out[:, at : at + FOLD_ROWS])
+    out = out[:, :rows].view(n_head, n_batch, n_tokens, -1).transpose(0, 1)
+    return out if bias is None else out + bias
 
 
 def _move_up(cache: Tensor, kept: list[int], dim: int) -> None:
