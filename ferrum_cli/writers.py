@@ -63,11 +63,14 @@ def segment_json(segment: Segment, language: str | None = None) -> str:
     return strict_json(record)
 
 
+SPEAKER_MARK = "[{}] ".format  # a speaker's label before their text in txt and srt, streamed or written whole
+
+
 def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str:
     """One segment in a format that streams (WRITERS[fmt].streams), as it is decoded."""
     if fmt == "jsonl":
         return segment_json(segment, language) + "\n"
-    return (f"[{segment.speaker}] " if segment.speaker else "") + segment.text.strip() + "\n"
+    return (SPEAKER_MARK(segment.speaker) if segment.speaker else "") + segment.text.strip() + "\n"
 
 
 def _txt(result: Transcription, layout: SubtitleLayout) -> str:
@@ -79,7 +82,7 @@ def _txt(result: Transcription, layout: SubtitleLayout) -> str:
             lines[-1][1].append(segment.text.strip())
         else:
             lines.append((segment.speaker, [segment.text.strip()]))
-    return "".join(f"[{speaker}] {' '.join(texts)}\n" for speaker, texts in lines)
+    return "".join(f"{SPEAKER_MARK(speaker)}{' '.join(texts)}\n" for speaker, texts in lines)
 
 
 def _jsonl(result: Transcription, layout: SubtitleLayout) -> str:
@@ -134,7 +137,7 @@ WRITERS: dict[str, Writer] = {
     writer.name: writer
     for writer in (
         Writer("txt", "text/plain; charset=utf-8", True, _txt),
-        Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT", "[{}] ".format)),
+        Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT", SPEAKER_MARK)),
         Writer("vtt", "text/vtt; charset=utf-8", False, _openai_whisper("WriteVTT", "<v {}>".format)),
         Writer("json", "application/json", False, _json),
         Writer("tsv", "text/tab-separated-values; charset=utf-8", False, _tsv),
