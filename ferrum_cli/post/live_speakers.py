@@ -67,10 +67,10 @@ class LiveSpeakers:
         start, end = new[0].start, new[-1].end
         stretch = np.array(samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE) + 1], dtype=np.float32)
         turns = self._turns(stretch, start) or [Turn(start, end, self._speaker_before())]
-        self.turns += [SpeakerTurn(round(t.start, 3), round(t.end, 3), self.voices[t.speaker].label) for t in turns]
         labels = {i: voice.label for i, voice in enumerate(self.voices)}
-        labelled = assign_speakers(replace(result, segments=new), turns, known=labels).segments
-        labelled = [replace(s, id=len(self.segments) + i) for i, s in enumerate(labelled)]
+        stretch_result = assign_speakers(replace(result, segments=new), turns, known=labels)
+        self.turns += stretch_result.turns
+        labelled = [replace(s, id=len(self.segments) + i) for i, s in enumerate(stretch_result.segments)]
         self.segments += labelled
         return labelled
 

@@ -1,9 +1,10 @@
 """Speakers onto a transcription: each word gets the speaker whose turn overlaps it most, a
-segment that spans a change of speaker is split at the word where it changes, and labels are
-numbered in order of first appearance."""
+segment that spans a change of speaker is split at the word where it changes, words that no turn
+covers extend their speaker's turns, and labels are numbered in order of first appearance."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
 import numpy as np
@@ -17,28 +18,47 @@ def label(index: int, names: tuple[str, ...]) -> str:
     return names[index] if index < len(names) else f"SPEAKER_{index:02d}"
 
 
-def speaker_at(start: float, end: float, turns: list[Turn]) -> int:
-    """The turn's speaker that overlaps [start, end] most; with no overlap, the nearest turn's."""
-    best, best_overlap = None, 0.0
-    for turn in turns:
-        overlap = min(end, turn.end) - max(start, turn.start)
-        if overlap > best_overlap:
-            best, best_overlap = turn.speaker, overlap
-    if best is not None:
-        return best
-    middle = (start + end) / 2
-    return min(turns, key=lambda t: max(t.start - middle, middle - t.end, 0.0)).speaker
+class TurnIndex:
+    """Turns sorted by start, to find the speaker of a stretch of time without reading them all:
+    an hour has a thousand turns and ten thousand words."""
+
+    def __init__(self, turns: list[Turn]) -> None:
+        self.turns = sorted(turns, key=lambda t: t.start)
+        self.starts = [t.start for t in self.turns]
+        self.longest = max((t.end - t.start for t in self.turns), default=0.0)
+        self.last_ending: list[int] = []  # [i]: of turns[: i + 1], the index of the one that ends last
+        for i, turn in enumerate(self.turns):
+            before = self.last_ending[-1] if self.last_ending else i
+            self.last_ending.append(i if turn.end > self.turns[before].end else before)
+
+    def speaker_at(self, start: float, end: float) -> int:
+        """The speaker of the turn that overlaps [start, end] most; with no overlap, the nearest turn's."""
+        best, best_overlap = None, 0.0
+        first = bisect_left(self.starts, start - self.longest)  # no turn before it reaches start
+        for turn in self.turns[first : bisect_left(self.starts, end)]:
+            overlap = min(end, turn.end) - max(start, turn.start)
+            if overlap > best_overlap:
+                best, best_overlap = turn.speaker, overlap
+        if best is not None:
+            return best
+        middle = (start + end) / 2
+        after = bisect_right(self.starts, middle)  # turns[after] is the first to start past the middle
+        nearest = [self.turns[self.last_ending[after - 1]]] if after else []
+        nearest += self.turns[after : after + 1]
+        return min(nearest, key=lambda t: max(t.start - middle, middle - t.end, 0.0)).speaker
 
 
 def assign_speakers(
     result: Transcription, turns: list[Turn], names: tuple[str, ...] = (), known: dict[int, str] | None = None
 ) -> Transcription:
     """The result with a speaker on every segment and word, split at speaker changes, and its
-    turns. known: the diarizer's speakers already named (match_known); the others are labelled
+    turns (heard_turns). known: the diarizer's speakers already named (match_known); the others are labelled
     in order of first appearance."""
     pieces: list[Segment] = []
+    index = TurnIndex(turns)
     for segment in result.segments:
-        pieces.extend(_split_at_changes(segment, turns))
+        pieces.extend(_split_at_changes(segment, index))
+    turns = heard_turns(turns, pieces)
     order: dict[int, str] = dict(known or {})  # diarizer's speaker -> label
     unknown = 0
     for speaker in [piece.speaker for piece in pieces] + [turn.speaker for turn in turns]:
@@ -51,6 +71,56 @@ def assign_speakers(
     result = replace(result, segments=segments)
     result.turns = [SpeakerTurn(round(t.start, 3), round(t.end, 3), order[t.speaker]) for t in turns]
     return result
+
+
+def heard_turns(turns: list[Turn], pieces: list[Segment]) -> list[Turn]:
+    """The diarizer's turns, and the stretches of words that no turn covers, each given to its
+    word's speaker: where Whisper heard a word someone spoke, though the diarizer's VAD, strict so
+    that its voice prints are clean, may have heard nothing there. pieces: segments whose words
+    carry the diarizer's speaker numbers. Stretches of one speaker that touch are one turn."""
+    covered = _union([(t.start, t.end) for t in turns])
+    ends = [b for _, b in covered]
+    stretches = [(t.start, t.end, t.speaker) for t in turns]
+    for piece in pieces:
+        for word in piece.words or ():
+            stretches += [(a, b, word.speaker) for a, b in _uncovered(word.start, word.end, covered, ends)]
+    merged: list[Turn] = []
+    latest: dict[int, int] = {}  # speaker -> index in merged of their latest turn
+    for start, end, speaker in sorted(stretches):
+        i = latest.get(speaker)
+        if i is not None and start <= merged[i].end:
+            merged[i] = Turn(merged[i].start, max(merged[i].end, end), speaker)
+        else:
+            latest[speaker] = len(merged)
+            merged.append(Turn(start, end, speaker))
+    return merged
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint spans covering the same time as `spans`."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _uncovered(
+    start: float, end: float, covered: list[tuple[float, float]], ends: list[float]
+) -> list[tuple[float, float]]:
+    """The parts of [start, end] outside `covered` (sorted, disjoint; `ends` their ends)."""
+    parts = []
+    i = bisect_right(ends, start)  # the first span that ends after start
+    while start < end and i < len(covered) and covered[i][0] < end:
+        if covered[i][0] > start:
+            parts.append((start, covered[i][0]))
+        start = max(start, covered[i][1])
+        i += 1
+    if start < end:
+        parts.append((start, end))
+    return parts
 
 
 def match_known(voices: dict[int, np.ndarray], known: dict[str, np.ndarray], threshold: float) -> dict[int, str]:
@@ -68,12 +138,12 @@ def match_known(voices: dict[int, np.ndarray], known: dict[str, np.ndarray], thr
     return {speakers[r]: names[c] for r, c in zip(rows, cols) if similarity[r, c] >= threshold}
 
 
-def _split_at_changes(segment: Segment, turns: list[Turn]) -> list[Segment]:
+def _split_at_changes(segment: Segment, turns: TurnIndex) -> list[Segment]:
     """The segment as one piece per run of words with the same speaker (its words' speakers are
     the diarizer's numbers here, labelled by the caller). Without words, one piece, by its span."""
     if not segment.words:
-        return [replace(segment, speaker=speaker_at(segment.start, segment.end, turns))]
-    words = [replace(w, speaker=speaker_at(w.start, w.end, turns)) for w in segment.words]
+        return [replace(segment, speaker=turns.speaker_at(segment.start, segment.end))]
+    words = [replace(w, speaker=turns.speaker_at(w.start, w.end)) for w in segment.words]
     runs: list[list[Word]] = []
     for word in words:
         if runs and runs[-1][-1].speaker == word.speaker:
