@@ -192,16 +192,18 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
 
 def test_words_the_diarizer_did_not_hear_are_in_their_speakers_turns():
     """Where Whisper timed words the diarizer's VAD heard no speech in: each word's speaker (the
-    turn nearest it, or the one over most of it) gets the uncovered part in its turns (rttm)."""
-    segment = _segment([(" Yes", 0.2, 0.6, (1,)), (" we", 1.3, 1.5, (2,)), (" can.", 1.5, 2.4, (3, 4))], [1, 2, 3, 4])
-    result = Transcription(" Yes we can.", [segment], "en", 1.0, 3.0)
+    turn nearest it, or the one over most of it) gets the uncovered part in its turns (rttm);
+    a "word" with no letter or digit in it is not taken for speech."""
+    words = [(" Yes", 0.2, 0.6, (1,)), (" we", 1.3, 1.5, (2,)), (" can.", 1.5, 2.4, (3, 4)), (" ♪", 3.2, 4.0, (5,))]
+    segment = _segment(words, [1, 2, 3, 4, 5])
+    result = Transcription(" Yes we can. ♪", [segment], "en", 1.0, 4.0)
     out = assign_speakers(result, [Turn(0.0, 1.0, 4), Turn(2.0, 3.0, 9)])
-    assert [w.speaker for s in out.segments for w in s.words] == ["SPEAKER_00", "SPEAKER_00", "SPEAKER_01"]
+    assert [w.speaker for s in out.segments for w in s.words] == ["SPEAKER_00"] * 2 + ["SPEAKER_01"] * 2
     assert [(t.start, t.end, t.speaker) for t in out.turns] == [
         (0.0, 1.0, "SPEAKER_00"),
         (1.3, 1.5, "SPEAKER_00"),  # nearer the first turn than the second
         (1.5, 3.0, "SPEAKER_01"),  # " can." is mostly in the second turn: its start joins it
-    ]
+    ]  # a music note is not speech: no turn of its own
 
 
 def test_samples_past_full_scale_are_diarized():

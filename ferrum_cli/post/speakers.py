@@ -83,7 +83,8 @@ def heard_turns(turns: list[Turn], pieces: list[Segment]) -> list[Turn]:
     stretches = [(t.start, t.end, t.speaker) for t in turns]
     for piece in pieces:
         for word in piece.words or ():
-            stretches += [(a, b, word.speaker) for a, b in _uncovered(word.start, word.end, covered, ends)]
+            if any(c.isalnum() for c in word.word):  # a word, not a music note or a lone mark
+                stretches += [(a, b, word.speaker) for a, b in _uncovered(word.start, word.end, covered, ends)]
     merged: list[Turn] = []
     latest: dict[int, int] = {}  # speaker -> index in merged of their latest turn
     for start, end, speaker in sorted(stretches):
