@@ -52,8 +52,8 @@ def assign_speakers(
     result: Transcription, turns: list[Turn], names: tuple[str, ...] = (), known: dict[int, str] | None = None
 ) -> Transcription:
     """The result with a speaker on every segment and word, split at speaker changes, and its
-    turns (heard_turns). known: the diarizer's speakers already named (match_known); the others are labelled
-    in order of first appearance."""
+    turns (heard_turns). known: the diarizer's speakers already named (match_known); the others
+    are labelled in order of first appearance."""
     pieces: list[Segment] = []
     index = TurnIndex(turns)
     for segment in result.segments:
@@ -80,21 +80,15 @@ def heard_turns(turns: list[Turn], pieces: list[Segment]) -> list[Turn]:
     carry the diarizer's speaker numbers. Stretches of one speaker that touch are one turn."""
     covered = _union([(t.start, t.end) for t in turns])
     ends = [b for _, b in covered]
-    stretches = [(t.start, t.end, t.speaker) for t in turns]
+    spans: dict[int, list[tuple[float, float]]] = {}  # speaker -> their turns and uncovered words
+    for turn in turns:
+        spans.setdefault(turn.speaker, []).append((turn.start, turn.end))
     for piece in pieces:
         for word in piece.words or ():
             if any(c.isalnum() for c in word.word):  # a word, not a music note or a lone mark
-                stretches += [(a, b, word.speaker) for a, b in _uncovered(word.start, word.end, covered, ends)]
-    merged: list[Turn] = []
-    latest: dict[int, int] = {}  # speaker -> index in merged of their latest turn
-    for start, end, speaker in sorted(stretches):
-        i = latest.get(speaker)
-        if i is not None and start <= merged[i].end:
-            merged[i] = Turn(merged[i].start, max(merged[i].end, end), speaker)
-        else:
-            latest[speaker] = len(merged)
-            merged.append(Turn(start, end, speaker))
-    return merged
+                spans.setdefault(word.speaker, []).extend(_uncovered(word.start, word.end, covered, ends))
+    merged = [Turn(a, b, speaker) for speaker, theirs in spans.items() for a, b in _union(theirs)]
+    return sorted(merged, key=lambda t: (t.start, t.end, t.speaker))
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
