@@ -201,8 +201,9 @@ def _folded(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     n_batch, n_head, n_tokens, width = x.shape
     rows = n_batch * n_tokens
     padded = -(-rows // FOLD_ROWS) * FOLD_ROWS
-    stacked = x.new_zeros(n_head, padded, width)
+    stacked = x.new_empty(n_head, padded, width)
     stacked[:, :rows] = x.transpose(0, 1).reshape(n_head, rows, width)
+    stacked[:, rows:] = 0
     out = torch.empty(n_head, padded, weight.shape[-1], dtype=x.dtype)
     for at in range(0, padded, FOLD_ROWS):
         torch.bmm(stacked[:, at : at + FOLD_ROWS], weight, out=out[:, at : at + FOLD_ROWS])
