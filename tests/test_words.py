@@ -93,3 +93,18 @@ def test_batched_dtw_is_openai_whispers_step_for_step():
     for cost, (text, time) in zip(costs, dtw_batch(costs)):
         expected = dtw_cpu(cost.double().numpy())
         assert np.array_equal(text, expected[0]) and np.array_equal(time, expected[1]), tuple(cost.shape)
+
+
+def test_median_filter_is_openai_whispers_value_for_value():
+    """The comparison network gives the median openai-whisper's sort gives, ties and edges included."""
+    import torch
+    from whisper.timing import median_filter as whisper_median_filter
+
+    from ferrum_cli.engine.words import MEDIAN_FILTER_WIDTH, median_filter
+
+    generator = torch.Generator().manual_seed(2)
+    shapes = [(6, 40, 750), (2, 3, 5), (1, 1, 4), (3, 2, 3), (4, 9, 1500)]
+    tensors = [torch.randn(shape, generator=generator) for shape in shapes]
+    tensors += [torch.randint(-2, 3, (5, 20, 300), generator=generator).float()]  # many ties
+    for x in tensors:
+        assert torch.equal(median_filter(x), whisper_median_filter(x, MEDIAN_FILTER_WIDTH)), tuple(x.shape)

@@ -19,6 +19,10 @@ PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # openai-whisper's defaults
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 MEDIAN_FILTER_WIDTH = 7
+# compare-exchanges after which the middle of seven values is at index 3 (a sorting network's)
+MEDIAN_OF_SEVEN = (
+    (0, 6), (2, 3), (4, 5), (0, 2), (1, 4), (3, 6), (0, 1), (2, 5), (3, 4), (1, 2), (4, 6), (2, 3), (4, 5), (3, 4)
+)  # fmt: skip
 # the alignment pass's tokens, and the text positions it projects, are padded to multiples of
 # these: a few shapes over an hour, where each new one made oneDNN keep another kernel
 TOKEN_STEP = 32
@@ -117,14 +121,31 @@ def _alignment_matrix(qk: torch.Tensor, row: AlignmentRow) -> torch.Tensor:
     """openai-whisper's find_alignment up to its DTW: [text tokens + 1, frames / 2] from the row's
     qk [heads, tokens, 1500], normalised per head and median-filtered along time."""
     import torch
-    from whisper.timing import median_filter
 
     start = len(row.prefix)  # the no-timestamps position, which predicts the first text token
     length = start + 1 + len(row.text_tokens) + 1
     weights = qk[:, :length, : row.frames // 2].softmax(dim=-1)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-    weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
+    weights = median_filter((weights - mean) / std)
     return weights.mean(dim=0)[start:-1]
+
+
+def median_filter(x: torch.Tensor) -> torch.Tensor:
+    """openai-whisper's median_filter of width 7 along the last axis of x [heads, tokens, frames]:
+    the same values from a comparison network over seven shifted views, where it sorts a copy of
+    every window (a sixth of the words' time)."""
+    import torch
+    import torch.nn.functional as F
+
+    half = MEDIAN_FILTER_WIDTH // 2
+    if x.shape[-1] <= half:
+        return x
+    padded = F.pad(x, (half, half, 0, 0), mode="reflect")
+    frames = x.shape[-1]
+    views = [padded[..., i : i + frames] for i in range(MEDIAN_FILTER_WIDTH)]
+    for a, b in MEDIAN_OF_SEVEN:
+        views[a], views[b] = torch.minimum(views[a], views[b]), torch.maximum(views[a], views[b])
+    return views[half]
 
 
 def dtw_batch(costs: list[torch.Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:
