@@ -164,8 +164,11 @@ def _load(device: str):
         loaded = Diarizer(device="cuda" if device.startswith("cuda") else "cpu", vad="silero", warmup=False, quiet=True)
     finally:
         torch.set_num_threads(threads)  # it sets torch to every core; the caller chose its threads
-    if device == "cpu" and cpu_has_native_bf16():
-        loaded.embeddings_model = _in_bfloat16(loaded.embeddings_model)
+    if device == "cpu":
+        # its 2-D front end's convolutions read channels-last without reordering each input (docs/diarization.md)
+        loaded.embeddings_model = loaded.embeddings_model.to(memory_format=torch.channels_last)
+        if cpu_has_native_bf16():
+            loaded.embeddings_model = _in_bfloat16(loaded.embeddings_model)
     return loaded
 
 
