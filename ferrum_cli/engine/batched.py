@@ -36,7 +36,6 @@ TIMESTAMPS = WINDOW_SAMPLES // TIMESTAMP_SAMPLES + 1  # Whisper's timestamp toke
 GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-text is not allowed
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
 HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
-ALIGN_ROWS = 4  # rows per word-alignment pass
 STRADDLE = SAMPLE_RATE // 5  # speech of a second packed input under a segment that makes it theirs too
 
 
@@ -542,9 +541,7 @@ class BatchedEngine:
             frames = len(window.samples) // HOP_LENGTH
             rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, frames, language))
         bfloat16 = self.compute.encoder == "bfloat16"
-        alignments = []  # a few rows a pass: the attention weights of all heads are held per layer
-        for at in range(0, len(rows), ALIGN_ROWS):
-            alignments += align_batch(model, features, rows[at : at + ALIGN_ROWS], self.tokenizer, bfloat16)
+        alignments = align_batch(model, features, rows, self.tokenizer, bfloat16)
         for (_, window, pieces, _), alignment in zip(timed, alignments):
             place_words(pieces, alignment, window.offset, window.offset)
             if not window.parts:  # a packed window's words are fitted once split

@@ -27,6 +27,7 @@ MEDIAN_OF_SEVEN = (
 # these: a few shapes over an hour, where each new one made oneDNN keep another kernel
 TOKEN_STEP = 32
 PROJECTED_STEP = 64
+ALIGN_ROWS = 4  # rows per decoder pass: the attention weights of all heads are held per layer
 
 
 def _rounded_up(count: int, step: int) -> int:
@@ -56,8 +57,22 @@ class AlignmentRow:
 def align_batch(
     model, features: torch.Tensor, rows: list[AlignmentRow], tokenizer, bfloat16: bool = False
 ) -> list[list[WordTiming]]:
-    """WordTimings of each row's text, from one decoder pass over all rows ([rows, 1500, width]
-    features). bfloat16: the pass in bfloat16 autocast, where the encoder runs so (a CPU where it is faster)."""
+    """WordTimings of each row's text ([rows, 1500, width] features): decoder passes of
+    ALIGN_ROWS rows, then one DTW over all of them (its cost is a loop over diagonals, whatever
+    the number of rows). bfloat16: the passes in bfloat16 autocast, where the encoder runs so."""
+    matrices, probabilities = [], []
+    for at in range(0, len(rows), ALIGN_ROWS):
+        found = _alignment_pass(model, features, rows[at : at + ALIGN_ROWS], tokenizer, bfloat16)
+        matrices += found[0]
+        probabilities += found[1]
+    paths = dtw_batch([-m for m in matrices])
+    return [_word_timings(path, probs, r, tokenizer) for path, probs, r in zip(paths, probabilities, rows)]
+
+
+def _alignment_pass(
+    model, features: torch.Tensor, rows: list[AlignmentRow], tokenizer, bfloat16: bool
+) -> tuple[list[torch.Tensor], list[list[float]]]:
+    """Each row's alignment matrix and text-token probabilities, from one decoder pass over the rows."""
     import torch
     from whisper.model import disable_sdpa
 
@@ -92,9 +107,7 @@ def align_batch(
         for hook in hooks:
             hook.remove()
     qk = torch.cat([weights[layer] for layer in sorted(by_layer)], dim=1)
-    matrices = [_alignment_matrix(qk[i], r) for i, r in enumerate(rows)]
-    paths = dtw_batch([-m for m in matrices])
-    return [_word_timings(path, probabilities[i], r, tokenizer) for i, (path, r) in enumerate(zip(paths, rows))]
+    return [_alignment_matrix(qk[i], r) for i, r in enumerate(rows)], probabilities
 
 
 def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokenizer) -> list[list[float]]:
