@@ -155,7 +155,7 @@ class LiveWindows:
         blocks = [(a, min(a + VAD_BLOCK_FRAMES, frames)) for a in range(done, frames, VAD_BLOCK_FRAMES)]
         starts = [max(0, a - BLOCK_WARMUP_FRAMES) for a, _ in blocks]
         pieces = [buffer[start * VAD_FRAME : b * VAD_FRAME] for start, (_, b) in zip(starts, blocks)]
-        read = speech_probabilities_many(pieces)
+        read = speech_probabilities_many(pieces, readers=1)
         fresh = [p[a - start : b - start] for p, start, (a, b) in zip(read, starts, blocks)]
         return np.concatenate([probs, *fresh])
 

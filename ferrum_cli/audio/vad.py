@@ -9,6 +9,7 @@ audio is cut into up to 128 streams of at least 2 s that overlap by 0.5 s, run a
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -38,11 +39,18 @@ def _silero():
 
 
 _MODEL_LOCK = threading.Lock()  # live streams plan on threads of their own, the engine on its
+MAX_READERS = 4  # threads that read a file's streams, each with a Silero of its own
+
+
+@lru_cache(maxsize=MAX_READERS)
+def _model(reader: int = 0):
+    """The Silero a reading thread steps: one each, as the model keeps its streams' state."""
+    return _silero().load_silero_vad()
 
 
 @lru_cache(maxsize=1)
-def _model():
-    return _silero().load_silero_vad()
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(MAX_READERS - 1, thread_name_prefix="ferrum-vad")
 
 
 def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
@@ -50,12 +58,17 @@ def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
     return speech_probabilities_many([samples], streams)[0]
 
 
-def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> list[np.ndarray]:
+def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128, readers: int = 0) -> list[np.ndarray]:
     """speech_probabilities of each input, all in one batch of streams.
 
     A clip of a few seconds is only a few streams, so alone it runs a hundred steps of the
     model for little work; clips side by side share those steps. Each input is laid out in
     streams exactly as it would be alone.
+
+    readers: threads the streams are shared out among, each stepping a Silero of its own on one
+    core; 0: as many as torch's threads here (up to MAX_READERS), for a caller whose other cores
+    wait for the result (a file's engine). A live stream's planner, which runs beside the engine,
+    passes 1.
     """
     import torch
 
@@ -87,18 +100,35 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128) -> l
         ]
     )
     out = torch.empty(index.shape[0], steps)
-    # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
-    # few seconds is over before that pays off, and a long one runs no faster with it
-    with _MODEL_LOCK, single_threaded(), torch.no_grad(), torch.jit.optimized_execution(False):
-        model = _model()
-        model.reset_states()  # the model carries its state from step to step: one caller at a time
-        for s in range(steps):
-            out[:, s] = model(frames[index[:, s]], SAMPLE_RATE).view(-1)
+    threads = torch.get_num_threads()
+    readers = max(1, min(readers or threads, MAX_READERS, index.shape[0]))
+    edges = [index.shape[0] * k // readers for k in range(readers + 1)]
+    with _MODEL_LOCK:  # each model carries its streams' state from step to step: one caller at a time
+        helpers = [
+            _readers().submit(_step_streams, k, frames, index[a:b], out[a:b], threads)
+            for k, (a, b) in enumerate(zip(edges[1:-1], edges[2:]), start=1)
+        ]
+        _step_streams(0, frames, index[: edges[1]], out[: edges[1]], threads)
+        for helper in helpers:
+            helper.result()
     row = 0
     for i, (n_frames, count, per, _) in zip(audible, layouts):
         results[i] = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per].reshape(-1)[:n_frames].numpy()
         row += count
     return results
+
+
+def _step_streams(reader: int, frames, index, out, threads: int) -> None:
+    """Silero `reader` over its streams: out[:, s] from the frames index[:, s], step by step."""
+    import torch
+
+    # TorchScript's profiling executor spends the first calls profiling the graph; a file of a
+    # few seconds is over before that pays off, and a long one runs no faster with it
+    with single_threaded(after=threads), torch.no_grad(), torch.jit.optimized_execution(False):
+        model = _model(reader)
+        model.reset_states()
+        for s in range(index.shape[1]):
+            out[:, s] = model(frames[index[:, s]], SAMPLE_RATE).view(-1)
 
 
 def _regions(probs: list[float], n_samples: int, options: VadOptions, pad_ms: int) -> list[tuple[int, int]]:

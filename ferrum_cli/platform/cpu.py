@@ -91,12 +91,16 @@ def on_own_thread(work: Callable[[], T]) -> T:
 
 
 @contextmanager
-def single_threaded():
+def single_threaded(after: int | None = None):
     """torch on one thread within: for small ops that run no slower so (Silero's steps), on a
-    thread that must not keep an OpenMP pool beside the engine's (see on_own_thread)."""
+    thread that must not keep an OpenMP pool beside the engine's (see on_own_thread).
+
+    after: the thread count to set on leaving, where not this thread's own. torch's count is also
+    the one a thread starting later begins with, so helper threads that share a task leave the
+    count their caller had, whichever of them leaves last."""
     import torch
 
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads() if after is None else after
     torch.set_num_threads(1)
     try:
         yield
