@@ -105,3 +105,32 @@ def test_a_tail_that_only_reads_the_last_words_again_is_recognised():
     assert not repeats_the_end(" country, and the world.", before)  # it goes on: new words
     assert not repeats_the_end(" can do for your country", before)  # more than the last few words
     assert not repeats_the_end(" ...", before)
+
+
+@needs_corpus
+def test_the_vad_read_on_several_threads_finds_the_speech_one_thread_finds_and_keeps_torchs_thread_count():
+    """A file's VAD shares its streams out among threads, each with a Silero of its own: the
+    speech found is the same, and torch's thread count, which threads started later begin
+    with, is what it was."""
+    import threading
+
+    import torch
+
+    from ferrum_cli.audio.vad import regions_from_probabilities, speech_probabilities_many
+
+    clips = [decode_file(corpus(name)).samples for name in (JFK, "en_harvard_speechbrain_example1.wav")]
+    audio = np.concatenate([clips[0], np.zeros(2 * SAMPLE_RATE, np.float32), clips[1]] * 4)  # 100 s
+    inputs = [audio, *clips]
+    before = torch.get_num_threads()
+    alone = speech_probabilities_many(inputs, readers=1)
+    shared = speech_probabilities_many(inputs, readers=3)
+    for samples, one, three in zip(inputs, alone, shared):
+        assert np.abs(one - three).max() < 1e-5
+        regions = regions_from_probabilities(one.tolist(), len(samples), VadOptions())
+        assert regions and regions == regions_from_probabilities(three.tolist(), len(samples), VadOptions())
+    assert torch.get_num_threads() == before
+    started_later: list[int] = []
+    thread = threading.Thread(target=lambda: started_later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert started_later == [before]
