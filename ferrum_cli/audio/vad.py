@@ -43,7 +43,7 @@ MAX_READERS = 4  # threads that read a file's streams, each with a Silero of its
 
 
 @lru_cache(maxsize=MAX_READERS)
-def _model(reader: int = 0):
+def _model(reader: int):
     """The Silero a reading thread steps: one each, as the model keeps its streams' state."""
     return _silero().load_silero_vad()
 
