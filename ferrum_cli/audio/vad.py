@@ -9,7 +9,7 @@ audio is cut into up to 128 streams of at least 2 s that overlap by 0.5 s, run a
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -108,7 +108,10 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128, read
             _readers().submit(_step_streams, k, frames, index[a:b], out[a:b], threads)
             for k, (a, b) in enumerate(zip(edges[1:-1], edges[2:]), start=1)
         ]
-        _step_streams(0, frames, index[: edges[1]], out[: edges[1]], threads)
+        try:
+            _step_streams(0, frames, index[: edges[1]], out[: edges[1]], threads)
+        finally:
+            wait(helpers)  # none still steps its model once the lock is let go, even after an error
         for helper in helpers:
             helper.result()
     row = 0
