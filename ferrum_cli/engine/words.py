@@ -146,7 +146,7 @@ def _alignment_matrix(qk: torch.Tensor, row: AlignmentRow) -> torch.Tensor:
 def median_filter(x: torch.Tensor) -> torch.Tensor:
     """openai-whisper's median_filter of width 7 along the last axis of x [heads, tokens, frames]:
     the same values from a comparison network over seven shifted views, where it sorts a copy of
-    every window (a sixth of the words' time)."""
+    every window (docs/performance.md)."""
     import torch
     import torch.nn.functional as F
 
