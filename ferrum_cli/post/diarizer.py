@@ -166,7 +166,7 @@ def _load(device: str):
         torch.set_num_threads(threads)  # it sets torch to every core; the caller chose its threads
     if device == "cpu":
         # its 2-D front end's convolutions read channels-last without reordering each input (docs/diarization.md)
-        loaded.embeddings_model = loaded.embeddings_model.to(memory_format=torch.channels_last)
+        loaded.embeddings_model = _batch_norms_folded(loaded.embeddings_model).to(memory_format=torch.channels_last)
         if cpu_has_native_bf16():
             loaded.embeddings_model = _in_bfloat16(loaded.embeddings_model)
     return loaded
@@ -196,6 +196,32 @@ class _ImportedOnUse(types.ModuleType):
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), attr)
+
+
+def _batch_norms_folded(model):
+    """CAM++ with each batch norm that reads a convolution's output folded into that convolution's
+    weights, as inference allows: one pass over the activations fewer each (docs/diarization.md).
+    The norms that read a concatenation or feed a ReLU before their convolution stay."""
+    from torch import nn
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(owner: nn.Module, conv: str, norm_owner: nn.Module, norm: str) -> None:
+        fused = fuse_conv_bn_eval(getattr(owner, conv), getattr(norm_owner, norm))
+        setattr(owner, conv, fused)
+        setattr(norm_owner, norm, nn.Identity())
+
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind in ("FCM", "BasicResBlock"):  # conv1 -> bn1 -> ReLU, conv2 -> bn2
+            fold(module, "conv1", module, "bn1")
+            fold(module, "conv2", module, "bn2")
+            if kind == "BasicResBlock" and len(module.shortcut):  # Sequential(conv, bn)
+                fold(module.shortcut, "0", module.shortcut, "1")
+        elif kind == "TDNNLayer":  # linear -> nonlinear(batchnorm, relu)
+            fold(module, "linear", module.nonlinear, "batchnorm")
+        elif kind == "CAMDenseTDNNLayer":  # linear1 -> nonlinear2(batchnorm, relu) -> cam_layer
+            fold(module, "linear1", module.nonlinear2, "batchnorm")
+    return model
 
 
 def _in_bfloat16(model):
