@@ -210,7 +210,7 @@ def _batch_norms_folded(model):
         setattr(owner, conv, fused)
         setattr(norm_owner, norm, nn.Identity())
 
-    for module in model.modules():
+    for module in list(model.modules()):  # listed first: fold() replaces children
         kind = type(module).__name__
         if kind in ("FCM", "BasicResBlock"):  # conv1 -> bn1 -> ReLU, conv2 -> bn2
             fold(module, "conv1", module, "bn1")
