@@ -13,7 +13,7 @@ class Word:
     word: str  # with its leading space, as in the segment's text
     start: float  # seconds from the start of the input
     end: float
-    probability: float  # the mean probability of its tokens
+    probability: float | None  # the mean probability of its tokens; None: times only (word_probabilities)
     speaker: str | None = None  # with diarization: who said it
     tokens: tuple[int, ...] = field(default=(), compare=False)  # its tokens, where known (not written out)
 

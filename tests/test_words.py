@@ -49,6 +49,20 @@ def test_every_word_of_the_text_has_a_time_inside_its_segment_and_in_order(timed
         assert all(type(getattr(w, key)) is float for w in found for key in ("start", "end", "probability"))
 
 
+def test_words_timed_only_for_their_speakers_have_the_times_of_words_asked_for(executor, timed):
+    """Diarization times words that nobody asked for (for_engine): their alignment stops at the
+    last alignment heads' scores and leaves out the text's probabilities, with the same times."""
+    assert TranscribeOptions(diarize=True).for_engine().word_probabilities is False
+    options = TranscribeOptions(language="en", word_timestamps=True, word_probabilities=False)
+    times_only = dict(executor.transcribe_many([(p, p) for p in timed], options))
+    for path, (scored, _) in timed.items():
+        words = [w for s in times_only[path].segments for w in s.words]
+        assert [(w.word, w.start, w.end) for w in words] == [
+            (w.word, w.start, w.end) for s in scored.segments for w in s.words
+        ], path
+        assert words and all(w.probability is None for w in words), path
+
+
 def test_word_times_are_within_a_fifth_of_a_second_of_openai_whisper(timed):
     """Median over every word both engines read alike, starts and ends."""
     gaps = []

@@ -61,6 +61,7 @@ class Source:
     requested_language: str | None = None
     word_timestamps: bool = False
     live: bool = False  # windows come from LiveWindows, as the speaker talks
+    word_probabilities: bool = True  # with word times, each word's probability (False: times only)
     detect_on_read: bool = False  # live, language not given: detected on its first window
     counted: CountedChunks | None = None
     windows: Iterator[tuple[float, np.ndarray]] | None = None  # (offset seconds, samples), planned as read
@@ -91,6 +92,7 @@ class Source:
         duration = self.counted.samples / SAMPLE_RATE if self.counted else 0.0
         used = {**options.record(), "language": options.language or self.requested_language or self.language}
         used.update(engine="batched", word_timestamps=options.word_timestamps or self.word_timestamps)
+        used["word_probabilities"] = options.word_probabilities and self.word_probabilities
         if self.packed:
             used["packed"] = True
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
@@ -315,7 +317,8 @@ class BatchedEngine:
     def _open(self, request: SourceRequest) -> Source:
         """An input that ends within its first 30 s is read whole (`short`), so that its VAD runs
         together with that of other short ones; a longer one is planned as it streams."""
-        source = Source(request.key, request.language, request.word_timestamps, request.live)
+        timing = {"word_timestamps": request.word_timestamps, "word_probabilities": request.word_probabilities}
+        source = Source(request.key, request.language, live=request.live, **timing)
         try:
             source.counted = CountedChunks(request.open_audio())
             if request.live:
@@ -350,13 +353,14 @@ class BatchedEngine:
         VAD's speech is what their text is split back by (_split_packed)."""
         if not self.options.pack_short or self.per_window or not self.options.vad:
             return set()
-        alike: dict[tuple[str, bool], list[tuple[Source, float, np.ndarray]]] = {}
+        alike: dict[tuple[str, bool, bool], list[tuple[Source, float, np.ndarray]]] = {}
         for source, windows in zip(group, planned):
             language = self.options.language or source.requested_language
             if source.error is None and language is not None and len(windows) == 1:
-                alike.setdefault((language, source.word_timestamps), []).append((source, *windows[0]))
+                timing = (source.word_timestamps, source.word_probabilities)  # the lead's are the window's
+                alike.setdefault((language, *timing), []).append((source, *windows[0]))
         packed: set[int] = set()
-        for (language, _), members in alike.items():
+        for (language, *_), members in alike.items():
             for indices in side_by_side([len(samples) for _, _, samples in members]):
                 if len(indices) < 2:
                     continue
@@ -534,12 +538,13 @@ class BatchedEngine:
         model, task = self.model, self.options.task
         rows = []
         for i, window, pieces, language in timed:
+            scored = self.options.word_probabilities and window.lead.word_probabilities
             prefix = get_tokenizer(
                 model.is_multilingual, num_languages=model.num_languages, language=language, task=task
             )
             text = [t for piece in pieces for t in piece.tokens]
             frames = len(window.samples) // HOP_LENGTH
-            rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, frames, language))
+            rows.append(AlignmentRow(i, list(prefix.sot_sequence), text, frames, language, scored))
         bfloat16 = self.compute.encoder == "bfloat16"
         alignments = align_batch(model, features, rows, self.tokenizer, bfloat16)
         for (_, window, pieces, _), alignment in zip(timed, alignments):

@@ -31,6 +31,7 @@ class SourceRequest:
     language: str | None = None  # None: the engine's option, else detected
     word_timestamps: bool = False  # time this input's words even if the engine's options do not
     live: bool = False  # audio arriving in real time: each stretch of speech decoded as soon as it ends
+    word_probabilities: bool = True  # with word times, each word's probability (False: times only)
 
 
 @dataclass(frozen=True)

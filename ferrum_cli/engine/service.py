@@ -87,7 +87,7 @@ class Ticket:
 def engine_key(options: TranscribeOptions) -> TranscribeOptions:
     """What must be equal for two inputs to share a batch: language and word times are per input;
     the task, prompt and temperatures shape every row of a batch."""
-    return replace(options, language=None, word_timestamps=False)
+    return replace(options, language=None, word_timestamps=False, word_probabilities=True)
 
 
 def start_engine(model, options: TranscribeOptions, events: EngineEvents, in_order: bool) -> Engine:
@@ -284,7 +284,9 @@ class EngineService:
             self._idle.discard(key)
             options = ticket.post.engine_options
             opener = ticket.post.tap(ticket.open_audio)
-            request = SourceRequest(ticket, opener, options.language, options.word_timestamps, ticket.live)
+            request = SourceRequest(
+                ticket, opener, options.language, options.word_timestamps, ticket.live, options.word_probabilities
+            )
             self._engines[key].submit(request)
 
     def _step(self, key: TranscribeOptions) -> bool:

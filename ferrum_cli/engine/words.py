@@ -40,7 +40,7 @@ class WordTiming:
     tokens: list[int]
     start: float  # seconds from the start of the window
     end: float
-    probability: float
+    probability: float | None  # None where the row is not scored
 
 
 @dataclass
@@ -52,6 +52,7 @@ class AlignmentRow:
     text_tokens: list[int]
     frames: int  # mel frames of the window's audio (100 a second)
     language: str = "en"  # the text's language: unspaced scripts (ja, zh, th, ...) split into words by character
+    scored: bool = True  # its words' probabilities wanted; False: their times only (words that carry speakers)
 
 
 def align_batch(
@@ -59,7 +60,8 @@ def align_batch(
 ) -> list[list[WordTiming]]:
     """WordTimings of each row's text ([rows, 1500, width] features): decoder passes of
     ALIGN_ROWS rows, then one DTW over all of them (its cost is a loop over diagonals, whatever
-    the number of rows). bfloat16: the passes in bfloat16 autocast, where the encoder runs so."""
+    the number of rows). bfloat16: the passes in bfloat16 autocast, where the encoder runs so.
+    A pass of rows none of which is scored stops at the last alignment heads' scores."""
     matrices, probabilities = [], []
     for at in range(0, len(rows), ALIGN_ROWS):
         found = _alignment_pass(model, features, rows[at : at + ALIGN_ROWS], tokenizer, bfloat16)
@@ -72,7 +74,8 @@ def align_batch(
 def _alignment_pass(
     model, features: torch.Tensor, rows: list[AlignmentRow], tokenizer, bfloat16: bool
 ) -> tuple[list[torch.Tensor], list[list[float]]]:
-    """Each row's alignment matrix and text-token probabilities, from one decoder pass over the rows."""
+    """Each row's alignment matrix and text-token probabilities ([] where it is not scored), from
+    one decoder pass over the rows."""
     import torch
     from whisper.model import disable_sdpa
 
@@ -94,20 +97,40 @@ def _alignment_pass(
         return hook
 
     decoder = model.decoder
-    hooks = [decoder.blocks[layer].cross_attn.register_forward_hook(keep(layer)) for layer in by_layer]
+    scored = any(r.scored for r in rows)
+    last = len(decoder.blocks) if scored else max(by_layer)  # the layers run whole
+    hooks = [decoder.blocks[layer].cross_attn.register_forward_hook(keep(layer)) for layer in by_layer if layer < last]
     audio = features[[r.row for r in rows]].to(next(model.parameters()).dtype)
     try:
         with torch.no_grad(), disable_sdpa(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
             x = decoder.token_embedding(tokens) + decoder.positional_embedding[: tokens.shape[1]]
             x = x.to(audio.dtype)
-            for block in decoder.blocks:
+            for block in decoder.blocks[:last]:
                 x = block(x, audio, mask=decoder.mask)
-            probabilities = _text_probabilities(model, x, rows, tokenizer)
+            if scored:
+                probabilities = _text_probabilities(model, x, rows, tokenizer)
+                probabilities = [found if r.scored else [] for found, r in zip(probabilities, rows)]
+            else:
+                weights[last] = _cross_scores(decoder.blocks[last], x, audio, by_layer[last], decoder.mask)
+                probabilities = [[] for _ in rows]
     finally:
         for hook in hooks:
             hook.remove()
     qk = torch.cat([weights[layer] for layer in sorted(by_layer)], dim=1)
     return [_alignment_matrix(qk[i], r) for i, r in enumerate(rows)], probabilities
+
+
+def _cross_scores(block, x: torch.Tensor, audio: torch.Tensor, heads: list[int], mask) -> torch.Tensor:
+    """The cross-attention scores of `heads` in `block` ([rows, heads, tokens, 1500], float32)
+    from its input x, as openai-whisper's qkv_attention computes them (the same numbers), without
+    the values, the output and the MLP that only the text's probabilities need."""
+    x = x + block.attn(block.attn_ln(x), mask=mask)[0]
+    attn = block.cross_attn
+    q, k = attn.query(block.cross_attn_ln(x)), attn.key(audio)
+    scale = (q.shape[-1] // attn.n_head) ** -0.25
+    q = q.view(*q.shape[:2], attn.n_head, -1).permute(0, 2, 1, 3)[:, heads]
+    k = k.view(*k.shape[:2], attn.n_head, -1).permute(0, 2, 1, 3)[:, heads]
+    return ((q * scale) @ (k * scale).transpose(-1, -2)).float()
 
 
 def _text_probabilities(model, x: torch.Tensor, rows: list[AlignmentRow], tokenizer) -> list[list[float]]:
@@ -224,10 +247,11 @@ def _word_timings(path, text_probs: list[float], row: AlignmentRow, tokenizer) -
     boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
     jumps = np.pad(np.diff(text_indices), (1, 0), constant_values=1).astype(bool)
     jump_times = time_indices[jumps] / TOKENS_PER_SECOND
-    return [
-        WordTiming(word, tokens, float(jump_times[i]), float(jump_times[j]), float(np.mean(text_probs[i:j])))
-        for word, tokens, i, j in zip(words[:-1], word_tokens[:-1], boundaries[:-1], boundaries[1:])
-    ]
+    timings = []
+    for word, tokens, i, j in zip(words[:-1], word_tokens[:-1], boundaries[:-1], boundaries[1:]):
+        probability = float(np.mean(text_probs[i:j])) if row.scored else None
+        timings.append(WordTiming(word, tokens, float(jump_times[i]), float(jump_times[j]), probability))
+    return timings
 
 
 def place_words(segments: list[Segment], alignment: list[WordTiming], offset: float, last_speech: float) -> float:

@@ -142,7 +142,8 @@ class PostProcess:
 
     def _record(self, result: Transcription) -> Transcription:
         post = {k: v for k, v in self.options.record().items() if k in POST_FIELDS}
-        return replace(result, options={**result.options, **post, "word_timestamps": self.options.word_timestamps})
+        asked = {"word_timestamps": self.options.word_timestamps, "word_probabilities": self.options.word_probabilities}
+        return replace(result, options={**result.options, **post, **asked})
 
     def _words_as_asked(self, result: Transcription) -> Transcription:
         """Words were timed for the speakers; they are written out only when asked for."""
