@@ -143,7 +143,7 @@ class TranscribeOptions:
     def for_engine(self) -> TranscribeOptions:
         """What the engine runs: without the stages after it, and with word times when a stage
         needs them (diarization gives each word its speaker; then, unless they are asked for,
-        the words are times only: no probabilities, a quarter of the alignment's work less)."""
+        the words are times only, which spares about a third of the alignment: docs/performance.md)."""
         post = {f.name: f.default for f in fields(self) if f.name in POST_FIELDS}
         if self.diarize and not self.word_timestamps:
             return replace(self, **post, word_timestamps=True, word_probabilities=False)
