@@ -74,7 +74,7 @@ class TranscribeOptions:
     initial_prompt: str | None = None  # text the first window is conditioned on
     hotwords: str | None = None  # names and jargon put ahead of the prompt
     word_timestamps: bool = False  # time each word from the alignment heads' cross-attention
-    word_probabilities: bool = True  # with word times, each word's probability (its tokens' mean)
+    word_probabilities: bool = True  # each timed word's probability; False: times only (batched engine)
 
     # where speech is
     vad: bool = True  # False: every sample is decoded

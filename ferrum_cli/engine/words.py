@@ -74,8 +74,8 @@ def align_batch(
 def _alignment_pass(
     model, features: torch.Tensor, rows: list[AlignmentRow], tokenizer, bfloat16: bool
 ) -> tuple[list[torch.Tensor], list[list[float]]]:
-    """Each row's alignment matrix and text-token probabilities ([] where it is not scored), from
-    one decoder pass over the rows."""
+    """Each row's alignment matrix and text-token probabilities (each [] where the pass scores no
+    row; a row that is not scored ignores its own), from one decoder pass over the rows."""
     import torch
     from whisper.model import disable_sdpa
 
@@ -109,7 +109,6 @@ def _alignment_pass(
                 x = block(x, audio, mask=decoder.mask)
             if scored:
                 probabilities = _text_probabilities(model, x, rows, tokenizer)
-                probabilities = [found if r.scored else [] for found, r in zip(probabilities, rows)]
             else:
                 weights[last] = _cross_scores(decoder.blocks[last], x, audio, by_layer[last], decoder.mask)
                 probabilities = [[] for _ in rows]
