@@ -254,10 +254,16 @@ def noise_to_nearest_speaker(labels: np.ndarray, embeddings: np.ndarray) -> np.n
     if noise.all():
         return np.zeros_like(labels)
     if noise.any():
-        kept = np.unique(labels[~noise])
-        means = np.stack([embeddings[labels == k].mean(0) for k in kept])
-        labels = labels.copy()
-        labels[noise] = kept[(_unit(embeddings[noise]) @ _unit(means).T).argmax(1)]
+        return _given_to_nearest(labels, embeddings, noise, np.unique(labels[~noise]))
+    return labels
+
+
+def _given_to_nearest(labels: np.ndarray, embeddings: np.ndarray, moved: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """labels with each embedding where `moved` relabelled as the one of `targets` whose cluster's
+    mean embedding is the most cosine-similar to its own."""
+    means = np.stack([embeddings[labels == target].mean(0) for target in targets])
+    labels = labels.copy()
+    labels[moved] = targets[(_unit(embeddings[moved]) @ _unit(means).T).argmax(1)]
     return labels
 
 
@@ -387,8 +393,4 @@ def small_clusters_merged(labels: np.ndarray, embeddings: np.ndarray, min_size: 
     if not small:
         return labels
     large = np.array([name for name in names if name not in small])
-    means = np.stack([embeddings[labels == name].mean(0) for name in large])
-    moved = np.isin(labels, small)
-    labels = labels.copy()
-    labels[moved] = large[(_unit(embeddings[moved]) @ _unit(means).T).argmax(1)]
-    return labels
+    return _given_to_nearest(labels, embeddings, np.isin(labels, small), large)
