@@ -35,6 +35,7 @@ class _Callbacks:
     on_segment: Callable[[object, Segment], None] | None = None
     on_progress: Callable[[object, float], None] | None = None
     on_partial: Callable[[object, Transcription], None] | None = None
+    on_step: Callable[[object, str], None] | None = None
 
     def ticket(
         self, number: int, key: object, source: AudioSource, options: TranscribeOptions, told: queue.SimpleQueue
@@ -49,7 +50,7 @@ class _Callbacks:
         return Ticket(
             audio_opener(source), options, tell(self.on_segment), lambda result: told.put((None, number, result)),
             live=isinstance(source, AudioStream) and source.live, on_progress=tell(self.on_progress),
-            on_partial=tell(self.on_partial),
+            on_partial=tell(self.on_partial), on_step=tell(self.on_step),
         )  # fmt: skip
 
 
@@ -184,6 +185,7 @@ class WhisperModelExecutor:
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
         on_partial: Callable[[object, Transcription], None] | None = None,
+        on_step: Callable[[object, str], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
         """(key, result or error) for each (key, source) of items, in order: a path, bytes, a
         callable giving bytes, float32 samples at 16 kHz, or an AudioStream.
@@ -191,7 +193,8 @@ class WhisperModelExecutor:
         The inputs go through one EngineService, as the server's requests do: windows of several
         inputs share batches, an input that fails comes back as its error and the rest go on. A
         live AudioStream is decoded stretch by stretch as it arrives; on_partial gets its
-        transcription so far after each new segment. The callbacks run on the caller's thread.
+        transcription so far after each new segment; on_step the name of each slow step after
+        the engine (diarization) as it begins. The callbacks run on the caller's thread.
         """
         self._require_model()
         options = options or TranscribeOptions()
@@ -199,7 +202,7 @@ class WhisperModelExecutor:
         with self._lock:
             self._state = "busy"
             try:
-                yield from self._in_order(items, options, _Callbacks(on_segment, on_progress, on_partial))
+                yield from self._in_order(items, options, _Callbacks(on_segment, on_progress, on_partial, on_step))
             finally:
                 self._state = "ready" if self._model is not None else "shutdown"
 

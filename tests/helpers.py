@@ -76,6 +76,28 @@ def run_ferrum(
     return proc
 
 
+def run_ferrum_on_a_terminal(*args: str):
+    """The real executable with stderr on a pseudo-terminal, where rich draws its progress, and
+    stdout a pipe; returns CompletedProcess with text stdout and stderr (the terminal's bytes)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([FERRUM, *args], stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the process closed its side
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout = proc.communicate()[0]
+    os.close(master)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout.decode(), seen.decode("utf-8", "replace"))
+
+
 def free_port() -> int:
     """A loopback port that nothing listens on (closed again before it is returned)."""
     with socket.socket() as s:

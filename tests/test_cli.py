@@ -11,7 +11,7 @@ import pytest
 
 from ferrum_cli.platform.cpu import int8_available
 
-from .helpers import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, words
+from .helpers import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, run_ferrum_on_a_terminal, words
 
 pytestmark = needs_corpus
 
@@ -275,32 +275,8 @@ def test_quiet_and_verbose():
 
 def test_progress_bar_on_a_terminal():
     """stderr on a pseudo-terminal: rich draws the bar there; stdout, a pipe, holds only the text."""
-    import os
-    import pty
-    import subprocess
-
-    from .helpers import FERRUM
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [FERRUM, "transcribe", str(corpus(JFK)), str(corpus("en_librispeech_2830-3980-0043.wav"))],
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        stdin=subprocess.DEVNULL,
-    )
-    os.close(slave)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    stdout = proc.communicate()[0].decode()
-    os.close(master)
-    screen = seen.decode("utf-8", "replace")
+    proc = run_ferrum_on_a_terminal("transcribe", str(corpus(JFK)), str(corpus("en_librispeech_2830-3980-0043.wav")))
+    screen = proc.stderr
     assert proc.returncode == 0
     assert "transcribing" in screen and "2/2" in screen and "s audio" in screen
-    assert "transcribing" not in stdout and "ask not what your country" in stdout.lower()
+    assert "transcribing" not in proc.stdout and "ask not what your country" in proc.stdout.lower()

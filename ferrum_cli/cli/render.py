@@ -12,6 +12,8 @@ from rich.table import Table
 from ..writers import WRITERS, SubtitleLayout, render, segment_line, strict_json
 from .console import err
 
+TRANSCRIBING = "transcribing"
+
 
 class FileProgress:
     """Files done of total, audio seconds, x real time, ETA; moves within a long file too."""
@@ -29,7 +31,7 @@ class FileProgress:
             redirect_stdout=False,  # stdout carries results only, even with a bar on stderr
             redirect_stderr=False,
         )
-        self.task = self.progress.add_task("transcribing", total=total, audio=0.0, speed=0.0)
+        self.task = self.progress.add_task(TRANSCRIBING, total=total, audio=0.0, speed=0.0)
         self.done_audio, self.in_file, self.files = 0.0, 0.0, 0
         self.t0 = time.perf_counter()
 
@@ -52,7 +54,14 @@ class FileProgress:
         self.files += 1
         self.done_audio += seconds
         self.in_file = 0.0
+        self.progress.update(self.task, description=TRANSCRIBING)
         self._update()
+
+    def step(self, name: str) -> None:
+        """A slow step after the engine has begun ("telling speakers apart"): the bar says so
+        until the file is done, rather than stand still at its last second."""
+        self.progress.update(self.task, description=name)
+        self.progress.refresh()
 
 
 class TranscribeView:
@@ -86,6 +95,7 @@ class TranscribeView:
             on_segment=self.on_segment,
             on_skip=(lambda job: progress.advance_file(0.0)) if progress else None,
             on_progress=(lambda job, sec: progress.within_file(sec)) if progress else None,
+            on_step=(lambda job, name: progress.step(name)) if progress else None,
         )
 
     def on_result(self, job, result) -> None:

@@ -34,6 +34,7 @@ class Ticket:
     live: bool = False  # audio arriving in real time: each stretch decoded as soon as it ends
     on_progress: Callable[[float], None] | None = None  # seconds of the input decoded so far
     on_partial: Callable[[Transcription], None] | None = None  # live: the transcription so far, after new segments
+    on_step: Callable[[str], None] | None = None  # a step of the stage after the engine begins: its name
     finished: bool = field(default=False, init=False)
     post: PostProcess | None = field(default=None, init=False)  # the stage after the engine, set when taken
 
@@ -58,7 +59,7 @@ class Ticket:
     def _post_process(self, post: PostProcess, result: Transcription) -> None:
         told = post.told  # a live stream's segments handed on as they were labelled
         try:
-            result = post.apply(result)
+            result = post.apply(result, on_step=lambda name: self.tell(self.on_step, name))
         except FerrumError as exc:
             self._hand_on(exc)
             return

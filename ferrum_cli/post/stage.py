@@ -25,6 +25,7 @@ from .live_speakers import LiveSpeakers
 from .speakers import assign_speakers, match_known
 
 AudioOpener = Callable[[], Iterable[np.ndarray]]
+TELLING_SPEAKERS_APART = "telling speakers apart"  # the diarization step, as progress names it
 
 
 class PostProcess:
@@ -58,25 +59,29 @@ class PostProcess:
     def tap(self, open_audio: AudioOpener) -> AudioOpener:
         return self._spool.tap(open_audio) if self._spool else open_audio
 
-    def apply(self, result: Transcription) -> Transcription:
+    def apply(self, result: Transcription, on_step: Callable[[str], None] | None = None) -> Transcription:
+        """on_step: the name of each step that takes a while, as it begins (the CLI's progress shows it)."""
         try:
-            for step in self.steps():
+            for name, step in self.steps():
+                if name and on_step:
+                    on_step(name)
                 result = step(result)
             return result
         finally:
             self.close()
 
-    def steps(self) -> list[Callable[[Transcription], Transcription]]:
+    def steps(self) -> list[tuple[str | None, Callable[[Transcription], Transcription]]]:
+        """(what it is doing, for the user; None for a step too quick to name, the step) in order."""
         if self.idle:
             return []
         speakers = self._speakers if self.live_speakers is None else self._live_speakers
-        return [speakers, self._record, self._words_as_asked]
+        return [(TELLING_SPEAKERS_APART, speakers), (None, self._record), (None, self._words_as_asked)]
 
     def partial(self, result: Transcription) -> tuple[Transcription, list[Segment]]:
         """A live stream so far through the steps, its new segments labelled; and those segments,
         as the writers get them."""
         told = self.told
-        for step in self.steps():
+        for _, step in self.steps():
             result = step(result)
         return result, result.segments[told:]
 
