@@ -230,6 +230,18 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
     assert out.text == result.text
 
 
+def test_the_servers_letters_go_on_past_z():
+    """OpenAI labels the speakers it does not know A, B, ...; a recording with more than 26 goes on
+    AA, AB, ... rather than fall back to SPEAKER_26."""
+    from ferrum_cli.server.openai_format import SPEAKER_LETTERS
+
+    turns = [Turn(float(i), i + 0.9, i) for i in range(28)]
+    result = Transcription("", [], "en", 1.0, 28.0)
+    labels = [t.speaker for t in assign_speakers(result, turns, SPEAKER_LETTERS).turns]
+    assert labels[:2] == ["A", "B"] and labels[25:] == ["Z", "AA", "AB"]
+    assert len(set(SPEAKER_LETTERS)) == len(SPEAKER_LETTERS) == 26 * 27
+
+
 def test_words_the_diarizer_did_not_hear_are_in_their_speakers_turns():
     """Where Whisper timed words the diarizer's VAD heard no speech in: each word's speaker (the
     turn nearest it, or the one over most of it) gets the uncovered part in its turns (rttm);
@@ -301,14 +313,9 @@ def test_what_density_clustering_leaves_as_noise_goes_to_the_speaker_it_sounds_l
     assert _diarizer("cpu").umap_hdbscan_cluster.cluster.__qualname__.startswith("_with_noise_assigned")
 
 
-def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_finds(monkeypatch):
-    """With a speaker count senko clusters spectrally at any length, on dense N x N matrices:
-    past SPARSE_SPECTRAL_FROM subsegments (about 30 minutes of speech) the pruned affinity is
-    kept sparse instead, in linear memory. On the voices of 3 minutes of six AMI meetings, with
-    the threshold at 0, it finds the speakers senko's dense computation finds: as many as asked
-    for, or as many as the largest gap among the Laplacian's smallest eigenvalues says."""
-    from sklearn.metrics import adjusted_rand_score
-
+@pytest.fixture(scope="module")
+def meeting_voices() -> np.ndarray:
+    """The CAM++ voices [n, 192] the diarizer clusters on 3 minutes of six AMI meetings."""
     from ferrum_cli.audio.ffmpeg import decode_file
     from ferrum_cli.post import diarizer
 
@@ -316,10 +323,26 @@ def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_fin
     audio = np.concatenate([decode_file(corpus(f"diarization/{name}.wav")).samples for name in meetings])
     loaded = diarizer._diarizer("cpu")
     ours, seen = loaded.spectral_cluster.cluster, []
-    monkeypatch.setattr(loaded.spectral_cluster, "cluster", lambda voices: ours(seen.append(voices) or voices))
-    diarizer.diarize(audio)  # under 20 minutes, no count: clustered spectrally
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loaded.spectral_cluster, "cluster", lambda voices: ours(seen.append(voices) or voices))
+        diarizer.diarize(audio)  # under 20 minutes, no count: clustered spectrally
     (voices,) = seen
+    return voices
+
+
+def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_finds(meeting_voices, monkeypatch):
+    """With a speaker count senko clusters spectrally at any length, on dense N x N matrices:
+    past SPARSE_SPECTRAL_FROM subsegments (about 30 minutes of speech) the pruned affinity is
+    kept sparse instead, in linear memory. On the voices of 3 minutes of six AMI meetings, with
+    the threshold at 0, it finds the speakers senko's dense computation finds: as many as asked
+    for, or as many as the largest gap among the Laplacian's smallest eigenvalues says."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from ferrum_cli.post import diarizer
+
+    voices = meeting_voices
+    loaded = diarizer._diarizer("cpu")
+    ours = loaded.spectral_cluster.cluster
     senkos = type(ours).__mro__[1].__call__  # senko's SpectralCluster, dense throughout
     monkeypatch.setattr(diarizer, "SPARSE_SPECTRAL_FROM", 0)
     for count in [diarizer.SpeakerCount(exactly=k) for k in (2, 3, 5)] + [diarizer.SpeakerCount(at_most=8)]:
@@ -327,6 +350,32 @@ def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_fin
             sparse_labels, dense_labels = ours(voices), senkos(ours, voices)
         assert adjusted_rand_score(dense_labels, sparse_labels) == 1.0
         assert len(set(sparse_labels)) == (count.exactly or len(set(dense_labels)))
+
+
+def test_density_clustering_is_given_each_voices_exact_neighbours(meeting_voices, monkeypatch):
+    """Past 20 minutes senko clusters by density, and UMAP found each voice's 40 nearest itself:
+    under 4,096 voices through scikit-learn with a Python call per pair, above approximately with
+    pynndescent, compiled anew in each process. They are found exactly by matrix products (the
+    same as scikit-learn's brute-force search) and handed to UMAP, which then searches for none."""
+    import umap
+    from sklearn.neighbors import NearestNeighbors
+
+    from ferrum_cli.post import diarizer
+
+    indices, distances = diarizer.cosine_neighbours(meeting_voices, 40)
+    search = NearestNeighbors(n_neighbors=40, metric="cosine", algorithm="brute").fit(meeting_voices)
+    their_distances, their_indices = search.kneighbors(meeting_voices)
+    assert np.allclose(distances, their_distances, atol=1e-5)
+    assert (indices == their_indices).mean() > 0.99  # the rest: ties to the last decimal, in another order
+
+    def searched(*_, **__):
+        raise AssertionError("UMAP searched for neighbours itself")
+
+    fitting = umap.UMAP.fit.__globals__  # the names UMAP's fit reads (umap is imported on first use)
+    monkeypatch.setitem(fitting, "pairwise_distances", searched)
+    monkeypatch.setitem(fitting, "nearest_neighbors", searched)
+    labels = diarizer._diarizer("cpu").umap_hdbscan_cluster.cluster(meeting_voices)
+    assert len(labels) == len(meeting_voices) and labels.min() >= 0 and len(set(labels)) >= 2
 
 
 def test_samples_past_full_scale_are_diarized():

