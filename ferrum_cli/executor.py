@@ -453,13 +453,21 @@ def describe_model(model_path: str) -> dict:
     return _describe(_weights_info(weights), params, None, None)
 
 
-def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto") -> dict:
-    """Resolve (converting and caching if needed), load, and run one forward pass, timing each."""
+def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto", diarize: bool = False) -> dict:
+    """Resolve (converting and caching if needed), load, and run one forward pass, timing each;
+    diarize: also load the diarizer and compile its clustering's code into the cache."""
     start = time.perf_counter()
     executor, resolve_seconds = _load(model_path, device, dtype)
     loaded = time.perf_counter()
     forward = executor.warmup()
     info = executor.info()
+    diarizer_seconds = {}
+    if diarize:
+        from .post import diarizer
+
+        began = time.perf_counter()
+        diarizer.warm_up(executor.device)
+        diarizer_seconds = {"diarizer_seconds": round(time.perf_counter() - began, 3)}
     return {
         "model": info["name"],
         "format": info["format"],
@@ -469,6 +477,7 @@ def warmup_steps(model_path: str, device: str = "auto", dtype: str = "auto") -> 
         "resolve_seconds": round(resolve_seconds, 3),
         "load_seconds": round(loaded - start - resolve_seconds, 3),
         "forward_seconds": round(forward, 3),
+        **diarizer_seconds,
         "total_seconds": round(time.perf_counter() - start, 3),
     }
 

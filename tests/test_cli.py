@@ -244,6 +244,19 @@ def test_warmup_prints_each_step_and_json():
     assert doc["resolve_seconds"] >= 0 and doc["load_seconds"] > 0 and doc["forward_seconds"] > 0
 
 
+def test_warmup_diarize_compiles_the_clustering_into_the_cache():
+    """The first recording past 20 minutes diarized would compile UMAP's numba code into the cache
+    (about 20 s); `warmup --diarize` does it beforehand. The session's cache is new, and no test
+    before this one clusters by density."""
+    import os
+
+    proc = run_ferrum("warmup", "--diarize", "--json", "--model", "tiny.en")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["diarizer_seconds"] > 0
+    compiled = Path(os.environ["FERRUM_CACHE_DIR"], "diarization").rglob("*.nbi")
+    assert any(path.parent.name.startswith("umap_") for path in compiled)
+
+
 def test_version_and_help():
     proc = run_ferrum("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("ferrum ")

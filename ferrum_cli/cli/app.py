@@ -43,9 +43,10 @@ app.command(epilog=EXAMPLES)(transcribe)
 app.command(epilog=serve_command.EXAMPLES)(serve_command.serve)
 app.command(epilog="[b]Examples[/b]\n\n  ferrum info\n  ferrum info --model tiny.en --json")(describe.info)
 app.command(epilog="[b]Examples[/b]\n\n  ferrum status\n  ferrum status --json")(describe.status)
-app.command(epilog="[b]Examples[/b]\n\n  ferrum warmup\n  ferrum warmup --model tiny.en --device cpu --json")(
-    describe.warmup
+WARMUP_EXAMPLES = "\n  ".join(
+    ("ferrum warmup", "ferrum warmup --model tiny.en --device cpu --json", "ferrum warmup --diarize")
 )
+app.command(epilog=f"[b]Examples[/b]\n\n  {WARMUP_EXAMPLES}")(describe.warmup)
 
 
 class _WarningHandler(logging.Handler):

@@ -42,9 +42,17 @@ def warmup(
         "auto"
     ),
     dtype: Annotated[Dtype, typer.Option(help="Weights' dtype; auto: float32 on CPU.")] = Dtype.auto,
+    diarize: Annotated[
+        bool,
+        typer.Option(
+            "--diarize",
+            help="Also load the diarizer and compile its clustering's code into the cache, which the first "
+            "recording past 20 minutes diarized would otherwise wait for (about 20 s, once).",
+        ),
+    ] = False,
     as_json: Annotated[bool, JSON] = False,
 ) -> None:
     """Resolve, convert and cache the model, load it, run one real forward pass; print each step's time."""
     from ..executor import warmup_steps
 
-    print_mapping("ferrum warmup", call(warmup_steps, model, device, dtype.value), as_json)
+    print_mapping("ferrum warmup", call(warmup_steps, model, device, dtype.value, diarize), as_json)

@@ -96,6 +96,15 @@ def diarize(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: s
     return Diarization(turns, {i: np.asarray(centroids[name]) for i, name in enumerate(names) if name in centroids})
 
 
+def warm_up(device: str = "cpu") -> None:
+    """Load the diarizer and cluster once by density, so that numba compiles UMAP's and HDBSCAN's
+    code into ferrum's cache now, not on the first recording past 20 minutes (about 23 s, once
+    per cache). Any voices do: it is the code that is compiled, the same at every length."""
+    voices = np.random.default_rng(0).standard_normal((300, 192)).astype(np.float32)
+    with _lock:
+        _diarizer(device).umap_hdbscan_cluster.cluster(voices)
+
+
 def voice_of(samples: np.ndarray, device: str = "cpu") -> np.ndarray | None:
     """The voice of a sample of one speaker (the one heard longest in it); None without speech."""
     heard = diarize(samples, SpeakerCount(), device)
