@@ -31,15 +31,20 @@ def test_of_equally_deep_pauses_the_last_is_cut_so_windows_come_out_full():
 @needs_corpus
 def test_an_input_that_fits_one_window_is_read_whole_as_openai_whisper_reads_it():
     """Trimming the silence of an input under 30 s saves no encoder work, and the speech read
-    from its first sample matches openai-whisper's reading."""
+    from its first sample matches openai-whisper's reading; but where the speech begins more
+    than 2 s in, the window begins with it, as a long input's does."""
     speech = decode_file(corpus(JFK)).samples[: 5 * SAMPLE_RATE]
     quiet = np.zeros(2 * SAMPLE_RATE, np.float32)
     apart = np.zeros(12 * SAMPLE_RATE, np.float32)  # more than the 5 s that joins two regions
     short = np.concatenate([quiet, speech, apart, speech, quiet])
     longer = np.concatenate([quiet, speech, apart, speech, apart])
     silent = np.zeros(20 * SAMPLE_RATE, np.float32)
-    (whole, core), (split, _), (nothing, _) = plan_whole([short, longer, silent], True, VadOptions())
+    late = np.concatenate([quiet, quiet, quiet, speech, quiet])
+    planned = plan_whole([short, longer, silent, late], True, VadOptions())
+    (whole, core), (split, _), (nothing, _), (from_speech, late_core) = planned
     assert [(offset, len(samples)) for offset, samples in whole] == [(0.0, len(short))]
+    ((offset, samples),) = from_speech  # from the padded speech (0.4 s before it) to the end
+    assert 5.5 <= offset <= late_core[0][0] / SAMPLE_RATE and offset * SAMPLE_RATE + len(samples) == len(late)
     assert core[0][0] >= 1.5 * SAMPLE_RATE  # the speech regions stay where the speech is
     assert len(longer) > WINDOW_SAMPLES and len(split) == 2 and split[0][0] > 1.0  # over 30 s: windows of speech
     assert nothing == []  # no speech, no window
@@ -134,3 +139,28 @@ def test_the_vad_read_on_several_threads_finds_the_speech_one_thread_finds_and_k
     thread.start()
     thread.join()
     assert started_later == [before]
+
+
+@needs_corpus
+def test_speech_that_begins_seconds_into_a_short_input_is_dated_and_read_as_without_the_silence(executor):
+    """Six seconds of silence before each English clip under 24 s: read from its first sample,
+    Whisper dated every clip's first words to 0.0 and read some sentences twice; the window now
+    begins with the speech, so the words come at their time and read as well as without it."""
+    from ferrum_cli.options import TranscribeOptions
+
+    from .helpers import corpus_rows, errors_against
+
+    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    rows = [r for r in rows if float(r["duration_seconds"]) < 24]
+    lead = np.zeros(6 * SAMPLE_RATE, np.float32)
+    clips = {r["file"]: decode_file(r["path"]).samples for r in rows}
+    options = TranscribeOptions(language="en")
+    plain = dict(executor.transcribe_many([(name, samples) for name, samples in clips.items()], options))
+    late = dict(executor.transcribe_many([(n, np.concatenate([lead, s])) for n, s in clips.items()], options))
+    for name, result in late.items():
+        assert result.segments and result.segments[0].start >= 5.5, (name, result.segments[:1])
+    errors = {
+        name: sum(errors_against(r["reference_transcript"], results[r["file"]].text, "en") for r in rows)
+        for name, results in (("plain", plain), ("late", late))
+    }
+    assert errors["late"] <= errors["plain"] + 2, errors  # TIMIT's clip reads differently from any start

@@ -17,6 +17,7 @@ from .level import raised_spans
 from .vad import speech_regions_and_core_many
 
 BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
+LEADING_SILENCE = 2 * SAMPLE_RATE  # more before a short input's padded speech is left out of its window
 
 
 def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) -> int:
@@ -73,13 +74,17 @@ def plan_whole(
     """For inputs read whole: the (offset seconds, samples) windows and the unpadded speech regions
     of each, with one VAD pass over all of them (see vad.speech_probabilities_many).
 
-    An input of at most 30 s with speech in it is one window from its first sample to its last,
-    as openai-whisper reads it: the encoder takes 30 s whatever the window holds, so trimming
-    its silence saves nothing, while a window that opens where the speech does reads worse.
+    An input of at most 30 s with speech in it is one window to its last sample, as openai-whisper
+    reads it, from its first sample unless more than LEADING_SILENCE passes before the speech:
+    then Whisper dates the first words to the window's start and may read them twice, so the
+    window opens where the padded speech does, as a long input's would (docs/performance.md).
     """
     planned = []
     for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options)):
-        spans = [(0, len(clip))] if merge and regions and len(clip) <= WINDOW_SAMPLES else pack(clip, regions, merge)
+        if merge and regions and len(clip) <= WINDOW_SAMPLES:
+            spans = [(regions[0][0] if regions[0][0] > LEADING_SILENCE else 0, len(clip))]
+        else:
+            spans = pack(clip, regions, merge)
         heard = raised_spans(clip, regions if vad else spans)
         planned.append(([(a / SAMPLE_RATE, heard[a:b]) for a, b in spans], core))
     return planned
