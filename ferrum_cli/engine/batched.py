@@ -490,6 +490,10 @@ class BatchedEngine:
             self._time_words(features, timed)
         for window, pieces in packed:
             self._split_packed(window, pieces, found, tails)
+        if opts.vad:  # timed words were fitted to the speech already
+            for piece, source in found:
+                if piece.words is None:
+                    snap_to_speech([piece], source.speech)
         return found, tails
 
     def _split_packed(

@@ -318,17 +318,24 @@ def _fit_segment(segment: Segment, words: list[dict], median: float, last_speech
 
 
 def snap_to_speech(segments: list[Segment], regions: list[tuple[int, int]]) -> None:
-    """A word that starts in silence starts where the next speech does: the alignment tends to
-    stretch the first word of a stretch of speech back over the pause before it. regions: VAD's
-    unpadded speech, in samples."""
+    """A word, or a segment without words, that starts in silence starts where the next speech
+    does: the alignment tends to stretch the first word of a stretch of speech back over the
+    pause before it, and Whisper dates a segment after a pause from the end of the one before.
+    regions: VAD's unpadded speech, in samples."""
     starts = [a / SAMPLE_RATE for a, _ in regions]
     ends = [b / SAMPLE_RATE for _, b in regions]
+
+    def snapped(start: float, end: float) -> float:
+        inside = any(a <= start < b for a, b in zip(starts, ends))
+        later = [a for a in starts if a > start]
+        return round(min(later), 3) if not inside and later and min(later) < end else start
+
     for segment in segments:
-        for word in segment.words or []:
-            inside = any(a <= word["start"] < b for a, b in zip(starts, ends))
-            later = [a for a in starts if a > word["start"]]
-            if not inside and later and later[0] < word["end"]:
-                word["start"] = round(later[0], 3)
+        if segment.words is None:
+            segment.start = snapped(segment.start, segment.end)
+            continue
+        for word in segment.words:
+            word["start"] = snapped(word["start"], word["end"])
         if segment.words:
             segment.start = segment.words[0]["start"]
 
