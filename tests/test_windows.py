@@ -167,3 +167,23 @@ def test_speech_that_begins_seconds_into_a_short_input_is_dated_where_it_begins_
         for lead, texts in results.items()
     }
     assert errors[6.0] <= errors[0.0] + 2, errors  # TIMIT's clip reads differently from any start
+
+
+@needs_corpus
+def test_openai_whispers_loop_too_starts_where_speech_begins_seconds_in(executor):
+    """Beam search runs openai-whisper's own loop, which read these from 0.0 as well: it now
+    starts at the speech when it begins past 2 s, and a segment that starts in silence starts
+    where the speech does."""
+    from ferrum_cli.options import TranscribeOptions
+
+    from .helpers import corpus_rows
+
+    rows = [r for r in corpus_rows() if r["file"].startswith(("en_harvard", "en_librispeech_4507"))]
+    options = TranscribeOptions(language="en", beam_size=2)
+    for lead in (1.5, 6.0):
+        silence = np.zeros(int(lead * SAMPLE_RATE), np.float32)
+        items = [(r["file"], np.concatenate([silence, decode_file(r["path"]).samples])) for r in rows]
+        for name, result in executor.transcribe_many(items, options):
+            assert result.options["engine"] == "sequential"
+            assert result.segments and result.segments[0].start >= lead - 0.05, (lead, name, result.segments)
+            assert len(result.segments) == 1, (lead, name, result.segments)  # each sentence read once

@@ -15,7 +15,7 @@ import numpy as np
 from ..audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
 from ..audio.level import raised_spans
 from ..audio.vad import speech_regions
-from ..audio.windows import pack
+from ..audio.windows import LEADING_SILENCE, pack
 from ..errors import FerrumError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
@@ -76,17 +76,18 @@ def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions
     duration = len(samples) / SAMPLE_RATE
     used = {**options.record(), "engine": "sequential"}
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
-    samples, windows = _speech_windows(samples, options)
+    samples, windows, first = _speech_windows(samples, options)
     language, probability = options.language, 1.0
     if language is None:
         language, probability = detect_language(model, windows)
     if not windows or language == "und":
         return Transcription("", [], "und", 0.0, duration, used, peak=peak)
+    start = first / SAMPLE_RATE if first > LEADING_SILENCE else 0.0  # as the batched engine's windows begin
     with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
         warnings.simplefilter("always")
-        result = _whisper_transcribe(model, samples, options, language)
+        result = _whisper_transcribe(model, samples, options, language, start)
     segments = [_segment(i, s, duration) for i, s in enumerate(result["segments"])]
-    if options.word_timestamps and options.vad:
+    if options.vad:
         snap_to_speech(segments, speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
     typed_words(segments)
     if not segments:
@@ -94,24 +95,25 @@ def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions
     out = Transcription(result["text"].strip(), segments, language, probability, duration, used, peak=peak)
     ours = [w for w in caught if "whisper" in Path(w.filename).parts]
     out.warnings.extend(dict.fromkeys(str(w.message) for w in ours))  # each message once
-    for other in (w for w in caught if w not in ours):
-        warnings.showwarning(other.message, other.category, other.filename, other.lineno)
+    for other in (w for w in caught if w not in ours):  # through the caller's filters, which "always" set aside
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     return out
 
 
-def _speech_windows(samples: np.ndarray, options: TranscribeOptions) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The samples with quiet speech raised (as the batched engine reads them), and the windows
-    of speech. VAD only decides whether there is speech at all: the algorithm stays openai-whisper's."""
+def _speech_windows(samples: np.ndarray, options: TranscribeOptions) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """The samples with quiet speech raised (as the batched engine reads them), the windows of
+    speech, and the sample the first begins at. VAD only decides whether there is speech at all
+    and where openai-whisper's loop starts: the algorithm stays openai-whisper's."""
     if options.vad:
         regions = speech_regions(samples, options.vad_options)
     else:
         regions = [(i, min(i + WINDOW_SAMPLES, len(samples))) for i in range(0, len(samples), WINDOW_SAMPLES)]
     samples = raised_spans(samples, regions)
     spans = pack(samples, regions, merge=True) if options.vad else regions
-    return samples, [samples[a:b] for a, b in spans]
+    return samples, [samples[a:b] for a, b in spans], spans[0][0] if spans else 0
 
 
-def _whisper_transcribe(model, samples: np.ndarray, options: TranscribeOptions, language: str) -> dict:
+def _whisper_transcribe(model, samples: np.ndarray, options: TranscribeOptions, language: str, start: float) -> dict:
     import torch
     from whisper.transcribe import transcribe
 
@@ -128,6 +130,7 @@ def _whisper_transcribe(model, samples: np.ndarray, options: TranscribeOptions, 
         condition_on_previous_text=options.condition_on_previous_text,
         initial_prompt=options.prompt_text(),
         word_timestamps=options.word_timestamps,
+        clip_timestamps=[start],
         language=language,
         task=options.task,
         # float16 decoding options are for CUDA: on the CPU openai-whisper warns and uses float32
