@@ -17,7 +17,7 @@ from .level import raised_spans
 from .vad import speech_regions_and_core_many
 
 BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
-LEADING_SILENCE = 2 * SAMPLE_RATE  # more before a short input's padded speech is left out of its window
+LEADING_SILENCE = 2 * SAMPLE_RATE  # more than this before the first padded speech is not read: Whisper misdates past it
 
 
 def quietest_cut(samples: np.ndarray, lo: int, hi: int, pause_frames: int = 25) -> int:
