@@ -154,6 +154,13 @@ def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> li
     return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
 
 
+def speech_regions_and_core(
+    samples: np.ndarray, options: VadOptions
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """speech_regions, and the speech itself (no padding), from one pass of the model."""
+    return _padded_and_core(speech_probabilities(samples), len(samples), options)
+
+
 def speech_regions_blockwise(
     samples: np.ndarray, options: VadOptions, block_seconds: float = 240.0
 ) -> list[tuple[int, int]]:
@@ -177,12 +184,17 @@ def speech_regions_and_core_many(
 ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
     """Per input, its padded regions and the speech itself (no padding), the model run once over all."""
     options = options or VadOptions()
-    out = []
-    for samples, probs in zip(inputs, speech_probabilities_many(inputs)):
-        frames = probs.tolist()
-        padded = _regions(frames, len(samples), options, options.speech_pad_ms)
-        out.append((padded, _regions(frames, len(samples), options, 0)))
-    return out
+    return [
+        _padded_and_core(probs, len(samples), options)
+        for samples, probs in zip(inputs, speech_probabilities_many(inputs))
+    ]
+
+
+def _padded_and_core(
+    probs: np.ndarray, length: int, options: VadOptions
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    frames = probs.tolist()
+    return _regions(frames, length, options, options.speech_pad_ms), _regions(frames, length, options, 0)
 
 
 def _covered(core: list[tuple[int, int]], start: int, end: int) -> np.ndarray:

@@ -59,6 +59,12 @@ def pack(samples: np.ndarray, regions: list[tuple[int, int]], merge: bool) -> li
     return windows
 
 
+def first_read(regions: list[tuple[int, int]]) -> int:
+    """The sample an input's reading begins at: its first, or its padded speech (regions[0]) where
+    that begins past LEADING_SILENCE, since Whisper dates the first words to the window's start."""
+    return regions[0][0] if regions and regions[0][0] > LEADING_SILENCE else 0
+
+
 def _speech(
     buffers: list[np.ndarray], vad: bool, vad_options: VadOptions
 ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
@@ -82,7 +88,7 @@ def plan_whole(
     planned = []
     for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options)):
         if merge and regions and len(clip) <= WINDOW_SAMPLES:
-            spans = [(regions[0][0] if regions[0][0] > LEADING_SILENCE else 0, len(clip))]
+            spans = [(first_read(regions), len(clip))]
         else:
             spans = pack(clip, regions, merge)
         heard = raised_spans(clip, regions if vad else spans)

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
 from ..audio.level import raised_spans
-from ..audio.vad import speech_regions
-from ..audio.windows import LEADING_SILENCE, pack
+from ..audio.vad import speech_regions_and_core
+from ..audio.windows import first_read, pack
 from ..errors import FerrumError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
@@ -76,19 +76,19 @@ def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions
     duration = len(samples) / SAMPLE_RATE
     used = {**options.record(), "engine": "sequential"}
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
-    samples, windows, first = _speech_windows(samples, options)
+    samples, spans, core = _speech_windows(samples, options)
+    windows = [samples[a:b] for a, b in spans]
     language, probability = options.language, 1.0
     if language is None:
         language, probability = detect_language(model, windows)
     if not windows or language == "und":
         return Transcription("", [], "und", 0.0, duration, used, peak=peak)
-    start = first / SAMPLE_RATE if first > LEADING_SILENCE else 0.0  # as the batched engine's windows begin
     with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own
         warnings.simplefilter("always")
-        result = _whisper_transcribe(model, samples, options, language, start)
+        result = _whisper_transcribe(model, samples, options, language, first_read(spans) / SAMPLE_RATE)
     segments = [_segment(i, s, duration) for i, s in enumerate(result["segments"])]
     if options.vad:
-        snap_to_speech(segments, speech_regions(samples, replace(options.vad_options, speech_pad_ms=0)))
+        snap_to_speech(segments, core)
     typed_words(segments)
     if not segments:
         language, probability = "und", 0.0
@@ -100,17 +100,20 @@ def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions
     return out
 
 
-def _speech_windows(samples: np.ndarray, options: TranscribeOptions) -> tuple[np.ndarray, list[np.ndarray], int]:
-    """The samples with quiet speech raised (as the batched engine reads them), the windows of
-    speech, and the sample the first begins at. VAD only decides whether there is speech at all
-    and where openai-whisper's loop starts: the algorithm stays openai-whisper's."""
+def _speech_windows(
+    samples: np.ndarray, options: TranscribeOptions
+) -> tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
+    """The samples with quiet speech raised (as the batched engine reads them), the (start, end)
+    windows of speech, and the speech itself (unpadded; none without VAD). VAD only decides
+    whether there is speech at all, where openai-whisper's loop starts and where segments start:
+    the algorithm stays openai-whisper's."""
+    core: list[tuple[int, int]] = []
     if options.vad:
-        regions = speech_regions(samples, options.vad_options)
+        regions, core = speech_regions_and_core(samples, options.vad_options)
     else:
         regions = [(i, min(i + WINDOW_SAMPLES, len(samples))) for i in range(0, len(samples), WINDOW_SAMPLES)]
     samples = raised_spans(samples, regions)
-    spans = pack(samples, regions, merge=True) if options.vad else regions
-    return samples, [samples[a:b] for a, b in spans], spans[0][0] if spans else 0
+    return samples, pack(samples, regions, merge=True) if options.vad else regions, core
 
 
 def _whisper_transcribe(model, samples: np.ndarray, options: TranscribeOptions, language: str, start: float) -> dict:

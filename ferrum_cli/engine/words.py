@@ -326,9 +326,10 @@ def snap_to_speech(segments: list[Segment], regions: list[tuple[int, int]]) -> N
     ends = [b / SAMPLE_RATE for _, b in regions]
 
     def snapped(start: float, end: float) -> float:
-        inside = any(a <= start < b for a, b in zip(starts, ends))
-        later = [a for a in starts if a > start]
-        return round(min(later), 3) if not inside and later and min(later) < end else start
+        if any(a <= start < b for a, b in zip(starts, ends)):
+            return start
+        after = min((a for a in starts if a > start), default=end)
+        return round(after, 3) if after < end else start
 
     for segment in segments:
         if segment.words is None:
