@@ -124,6 +124,31 @@ def test_truncated_audio_transcribes_what_decodes_and_warns(tmp_path, fmt, cut):
     assert "warning:" in proc.stderr and "cut." in proc.stderr
 
 
+def test_a_video_whose_picture_outlasts_its_sound_is_not_called_truncated(tmp_path):
+    """The container's duration is the longer track's: 11 s of speech under 20 s of picture is
+    the whole sound, where a cut file is not (above)."""
+    video = tmp_path / "screencast.mp4"
+    _ffmpeg("-i", str(corpus(JFK)), "-f", "lavfi", "-i", "testsrc=size=64x64:rate=5:duration=20", "-map", "1:v",
+            "-map", "0:a", "-c:a", "aac", str(video))  # fmt: skip
+    proc = run_ferrum("transcribe", str(video), "--language", "en")
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
+    assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_file_of_several_audio_streams_says_which_one_was_transcribed(tmp_path):
+    """ffmpeg reads one audio stream; the others' speech would be lost without a word."""
+    tracks = tmp_path / "two-languages.mka"
+    _ffmpeg("-i", str(corpus(JFK)), "-i", str(corpus(SHORT)), "-map", "0:a", "-map", "1:a",
+            "-metadata:s:a:0", "language=eng", "-metadata:s:a:1", "language=fra", str(tracks))  # fmt: skip
+    proc = run_ferrum("transcribe", str(tracks), "--language", "en")
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "two-languages.mka" in warning[0], proc.stderr
+    assert "2 audio streams" in warning[0] and "0:0 (eng)" in warning[0] and "not 0:1 (fra)" in warning[0]
+
+
 def test_directory_without_audio_exits_2(tmp_path):
     (tmp_path / "readme.txt").write_text("nothing to hear")
     proc = run_ferrum("transcribe", str(tmp_path))

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ferrum_cli.audio.ffmpeg import find_ffmpeg
+
 from .helpers import (
     FERRUM,
     JFK,
@@ -342,6 +344,19 @@ def test_a_hostile_upload_fails_only_itself(server):
         assert good.result().status_code == 200
         for answer in bad:
             assert answer.result().status_code in (200, 400), answer.result().text
+
+
+@needs_corpus
+def test_what_a_file_would_warn_of_goes_to_the_servers_log(server, tmp_path):
+    """OpenAI's formats have no field for warnings: the operator reads them in the log."""
+    tracks = tmp_path / "tracks.mka"
+    subprocess.run(
+        [find_ffmpeg().path, "-nostdin", "-v", "error", "-i", str(corpus(JFK)), "-i", str(SAMPLE),
+         "-map", "0:a", "-map", "1:a", str(tracks)], check=True,
+    )  # fmt: skip
+    answer = post(server, files={"file": ("tracks.mka", tracks.read_bytes())}, data={"language": "en"})
+    assert answer.status_code == 200 and "ask not what your country" in words(answer.json()["text"])
+    assert "'tracks.mka': 2 audio streams: only stream 0:0 was transcribed" in server.output()
 
 
 # -- load ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import subprocess
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
@@ -128,28 +128,54 @@ def capture_devices() -> list[dict]:
 
 _TAG = re.compile(r"^(?:\[[^\]]* @ 0x[0-9a-f]+\] )*\[(\w+)\] (?:\[[^\]]* @ 0x[0-9a-f]+\] )*(.*)$")
 _DURATION = re.compile(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
+_STREAM = re.compile(r"^Stream #(\d+:\d+)(?:\[\w+\])?(?:\((\w+)\))?: (\w+):")
+_STREAM_DURATION = re.compile(r"^DURATION\s*: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
+_MAPPED = re.compile(r"^Stream #(\d+:\d+) -> ")
+
+
+def _seconds(match: re.Match) -> float:
+    return int(match.group(1)) * 3600 + int(match.group(2)) * 60 + float(match.group(3))
 
 
 @dataclass
 class FFmpegLog:
-    """ffmpeg's stderr at `-v level+info`: its errors, and the duration the container declares."""
+    """ffmpeg's stderr at `-v level+info`: its errors, the duration the container declares, and
+    the input's streams."""
 
     errors: list[str]
     declared_seconds: float | None
+    audio_streams: list[str] = field(default_factory=list)  # "0:1", or "0:1 (eng)" where tagged
+    has_video: bool = False
+    read_stream: str | None = None  # the audio stream ffmpeg chose, as "0:1"
+    stream_seconds: dict[str, float] = field(default_factory=dict)  # per stream, where it declares its own
 
     @classmethod
     def parse(cls, stderr: str) -> FFmpegLog:
-        errors, declared = [], None
+        log, stream, in_input = cls([], None), None, True
         for line in stderr.splitlines():
             m = _TAG.match(line.strip())
             if not m:
                 continue
             level, text = m.groups()
+            text = text.strip()
             if level in ("error", "fatal", "panic"):
-                errors.append(text.strip())
-            elif declared is None and (d := _DURATION.search(text)):
-                declared = int(d.group(1)) * 3600 + int(d.group(2)) * 60 + float(d.group(3))
-        return cls(errors, declared)
+                log.errors.append(text)
+            elif text.startswith("Output #"):
+                in_input = False  # what follows describes ffmpeg's own WAV
+            elif (mapped := _MAPPED.match(text)) and log.read_stream is None:
+                log.read_stream = mapped.group(1)
+            elif not in_input:
+                continue
+            elif log.declared_seconds is None and (d := _DURATION.search(text)):
+                log.declared_seconds = _seconds(d)
+            elif found := _STREAM.match(text):
+                stream, language, kind = found.groups()
+                if kind == "Audio":
+                    log.audio_streams.append(stream if language in (None, "und") else f"{stream} ({language})")
+                log.has_video = log.has_video or kind == "Video"
+            elif stream is not None and (d := _STREAM_DURATION.match(text)):
+                log.stream_seconds[stream] = _seconds(d)
+        return log
 
     def reason(self, source: str) -> str:
         """ffmpeg's own last complaint, without the input name it repeats."""
@@ -162,19 +188,41 @@ class FFmpegLog:
             line = line.removeprefix(prefix)
         return line.removeprefix("Decoding error: ")
 
-    def warning(self, decoded_seconds: float, source: str) -> str | None:
-        """Set when audio came out but not all of it: a truncated or damaged file."""
-        short = self.declared_seconds is not None and decoded_seconds < self.declared_seconds - 1.0
+    def warnings(self, decoded_seconds: float, source: str) -> list[str]:
+        """What the user should know of audio that did come out: not all of it (a truncated or
+        damaged file), or one of several audio streams."""
+        found = []
+        if truncated := self._truncated(decoded_seconds, source):
+            found.append(truncated)
+        if len(self.audio_streams) > 1:
+            read = next((s for s in self.audio_streams if s.split()[0] == self.read_stream), self.read_stream)
+            others = ", ".join(s for s in self.audio_streams if s != read)
+            found.append(
+                f"{len(self.audio_streams)} audio streams: only stream {read} was transcribed, not {others} "
+                "(ffmpeg -map picks or mixes streams)"
+            )
+        return found
+
+    def _truncated(self, decoded_seconds: float, source: str) -> str | None:
+        declared = self._declared_audio_seconds()
+        short = declared is not None and decoded_seconds < declared - 1.0
         if not (self.errors or short):
             return None
         what = f"decoded {decoded_seconds:.1f} s"
-        if self.declared_seconds is not None:
-            what += f" of {self.declared_seconds:.1f} s"
+        if declared is not None:
+            what += f" of {declared:.1f} s"
         return (
             f"truncated or damaged input ({what}): {self.reason(source)}"
             if self.errors
             else f"truncated input ({what})"
         )
+
+    def _declared_audio_seconds(self) -> float | None:
+        """The length the audio read should have: its stream's own where declared; the
+        container's unless the input has video, whose track often outlasts the sound."""
+        if self.read_stream in self.stream_seconds:
+            return self.stream_seconds[self.read_stream]
+        return None if self.has_video else self.declared_seconds
 
 
 def _check_readable(path: Path) -> os.stat_result:
@@ -196,7 +244,7 @@ def _check_readable(path: Path) -> os.stat_result:
 @dataclass
 class DecodedAudio:
     samples: np.ndarray  # float32, mono, 16 kHz
-    warning: str | None = None  # set when ffmpeg complained but audio came out (truncated input)
+    warnings: list[str] = field(default_factory=list)  # FFmpegLog.warnings: audio came out, but not all of it
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """As one chunk, so decoded bytes and file streams feed the same engine."""
@@ -217,7 +265,7 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
     samples = to_mono(out.read(), channels) if channels else np.zeros(0, np.float32)
     if samples.size == 0:
         raise AudioDecodeError(log.reason(source))
-    return DecodedAudio(samples, log.warning(samples.size / SAMPLE_RATE, source))
+    return DecodedAudio(samples, log.warnings(samples.size / SAMPLE_RATE, source))
 
 
 def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
@@ -261,8 +309,8 @@ class AudioStream:
     A file, a URL, stdin ("pipe:0", which ffmpeg reads itself), a capture device (input_format),
     or `feed`: bytes of any container that a thread writes into ffmpeg as they come (a
     WebSocket's). start() spawns ffmpeg ahead of reading: a short input decodes whole into
-    the pipe while the caller loads the model on the other core. `warning` is set once the
-    stream is exhausted, if the input turned out truncated or damaged. live: chunks of 0.1 s as
+    the pipe while the caller loads the model on the other core. `warnings` are set once the
+    stream is exhausted (FFmpegLog.warnings: a truncated input, streams left unread). live: chunks of 0.1 s as
     soon as they are decoded, for audio that arrives while it is transcribed.
     """
 
@@ -283,7 +331,7 @@ class AudioStream:
                 self.pipe_from, self.source = self.source, "pipe:0"
         self.live, self.input_format = live, input_format
         self.chunk_bytes = int((LIVE_CHUNK_SECONDS if live else chunk_seconds) * SAMPLE_RATE) * 4
-        self.warning: str | None = None
+        self.warnings: list[str] = []
         self._started: subprocess.Popen | None = None
 
     def start(self) -> AudioStream:
@@ -340,7 +388,7 @@ class AudioStream:
         log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"))
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))
-        self.warning = log.warning(total / SAMPLE_RATE, self.source)
+        self.warnings = log.warnings(total / SAMPLE_RATE, self.source)
 
 
 CANCELLED = 0.1  # a downmix with under a tenth of its louder channel's energy: the channels cancel

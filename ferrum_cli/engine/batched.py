@@ -98,8 +98,7 @@ class Source:
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
         result = Transcription(text, self.segments, language, probability, duration, used)
         result.peak = self.counted.peak if self.counted else 0.0
-        if warning := getattr(self.counted.chunks if self.counted else None, "warning", None):
-            result.warnings.append(warning)
+        result.warnings.extend(getattr(self.counted.chunks if self.counted else None, "warnings", ()))
         if used["word_timestamps"] and options.task == "translate" and self.segments:  # as openai-whisper warns
             result.warnings.append("Word-level timestamps on translations may not be reliable.")
         return result

@@ -62,8 +62,7 @@ class SequentialEngine:
             word_timestamps=self.options.word_timestamps or request.word_timestamps,
         )
         result = transcribe_sequential(self.model, samples, options)
-        if warning := getattr(chunks, "warning", None):  # a truncated input: known once it is read
-            result.warnings.append(warning)
+        result.warnings.extend(getattr(chunks, "warnings", ()))  # a truncated input's: known once it is read
         for segment in result.segments if self.events.on_segment else ():
             self.events.on_segment(request.key, segment, result.language)
         if self.events.on_progress:

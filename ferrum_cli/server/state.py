@@ -208,6 +208,7 @@ class Server:
         self.check_model(asked.model)
         options = self.options_for(asked)
         upload = upload.file
+        name = upload.filename or "upload"
         try:
             decoded = await run_in_threadpool(decode_upload, upload.file, self.folder, self.settings.max_queue_seconds)
         except FerrumError as exc:
@@ -222,7 +223,7 @@ class Server:
         self.metrics.queue_requests.set(self.admission.requests)
         self.metrics.queue_audio_seconds.set(self.admission.queued)
         job = Job(asyncio.get_running_loop())
-        ticket = Ticket(decoded.chunks, options, job.segment, job.done)
+        ticket = Ticket(lambda: decoded, options, job.segment, job.done)
         try:
             self.service.submit(ticket)
         except ServiceError as exc:
@@ -230,7 +231,7 @@ class Server:
             raise APIError.of(exc) from None
         if asked.stream:
             return StreamingResponse(
-                self._events(request, job, ticket, decoded, asked.response_format == "diarized_json"),
+                self._events(request, job, ticket, decoded, name, asked.response_format == "diarized_json"),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
@@ -243,9 +244,16 @@ class Server:
             return Response(status_code=499)
         if isinstance(result, FerrumError):
             raise APIError.of(result, "file")
-        self.metrics.audio_seconds.inc(result.duration)
+        self._transcribed(result, name)
         body, media_type = response_body(result, asked.response_format, asked.task, asked.granularities)
         return Response(body, media_type=media_type)
+
+    def _transcribed(self, result: Transcription, name: str) -> None:
+        """A result about to be answered: counted, and its warnings (a truncated upload, a stream
+        left unread), which OpenAI's formats have no field for, in the server's log."""
+        self.metrics.audio_seconds.inc(result.duration)
+        for warning in result.warnings:
+            log.warning("%r: %s", name, warning)
 
     def _finished(self, decoded, transcribed: bool) -> None:
         self.admission.release(decoded.seconds, transcribed)
@@ -264,7 +272,7 @@ class Server:
                     self.metrics.cancelled.inc()
                     return None
 
-    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, diarized: bool = False):
+    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, name: str, diarized: bool = False):
         """Server-sent events: a delta per segment as it is decoded (diarized: a segment event with
         its speaker, once the speakers are known), then done (or an error)."""
         finished, transcribed = False, False
@@ -281,7 +289,7 @@ class Server:
                     yield sse(APIError.of(value, "file").body(), "error")
                 else:
                     transcribed = True
-                    self.metrics.audio_seconds.inc(value.duration)
+                    self._transcribed(value, name)
                     yield done_event(value)
                 return
         finally:

@@ -30,9 +30,9 @@ class DecodedUpload:
 
     file: BinaryIO
     seconds: float
-    warning: str | None  # ffmpeg's, for a truncated or damaged upload
+    warnings: list[str]  # ffmpeg's (FFmpegLog.warnings): they reach the result as a file's do
 
-    def chunks(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         """float32 chunks of CHUNK_SECONDS, from the start; a read error ends the input, not the engine."""
         size = int(CHUNK_SECONDS * SAMPLE_RATE) * 4
         offset = 0
@@ -63,7 +63,7 @@ def decode_upload(upload: BinaryIO, folder: Path, max_seconds: float) -> Decoded
                 raise TooLargeError(f"the audio is longer than this server takes ({max_seconds:.0f} s)")
             pcm.write(chunk.tobytes())
         pcm.flush()
-        return DecodedUpload(pcm, samples / SAMPLE_RATE, stream.warning)
+        return DecodedUpload(pcm, samples / SAMPLE_RATE, stream.warnings)
     except BaseException:
         pcm.close()
         raise
