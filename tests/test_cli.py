@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from ferrum_cli.audio.ffmpeg import find_ffmpeg
 from ferrum_cli.platform.cpu import int8_available
 
 from .helpers import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, run_ferrum_on_a_terminal, words
@@ -88,6 +90,19 @@ def test_stdin_pipe_prints_the_text():
     proc = run_ferrum("transcribe", "-", stdin=corpus("de_librivox_simplicissimus_aeneas.mp3").read_bytes())
     assert proc.returncode == 0, proc.stderr
     assert "abenteuerliche simplizissimus" in proc.stdout.lower()
+
+
+def test_stdin_pipe_of_an_m4a_whose_index_comes_last(tmp_path):
+    """ffmpeg writes mp4's index (moov) after the audio unless told otherwise, as many recorders
+    do, and reading it needs a seek that a pipe does not allow."""
+    m4a = tmp_path / "memo.m4a"
+    subprocess.run(
+        [find_ffmpeg().path, "-nostdin", "-v", "error", "-i", str(corpus(JFK)), "-c:a", "aac", str(m4a)], check=True
+    )
+    assert m4a.read_bytes().rfind(b"moov") > m4a.read_bytes().find(b"mdat")
+    proc = run_ferrum("transcribe", "-", "--language", "en", stdin=m4a.read_bytes())
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
 
 
 def test_stdin_with_output_dir_writes_stdin_srt_or_the_given_name(tmp_path):

@@ -9,6 +9,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -280,10 +281,20 @@ def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
 
 
 def decode_bytes(data: bytes) -> DecodedAudio:
-    """Bytes go to ffmpeg on stdin: no temp file."""
+    """Bytes go to ffmpeg on stdin, and, where it cannot read them so, from a temporary file: an
+    mp4 or m4a whose index comes last (ffmpeg's own default, and many recorders') needs to seek."""
     if not data:
         raise AudioDecodeError("empty input")
-    return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
+    try:
+        return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
+    except AudioDecodeError as piped:
+        try:
+            with tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
+                copy.write(data)
+                copy.flush()
+                return _run_decoder(_decode_args(copy.name), copy.name, None)
+        except (AudioDecodeError, OSError):
+            raise piped from None  # not audio either way: the first complaint
 
 
 PIPE_BYTES = 1 << 20  # 16 s of audio: what a started ffmpeg may decode before anyone reads
