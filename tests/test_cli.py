@@ -92,7 +92,7 @@ def test_stdin_pipe_prints_the_text():
     assert "abenteuerliche simplizissimus" in proc.stdout.lower()
 
 
-def test_stdin_pipe_of_an_m4a_whose_index_comes_last(tmp_path):
+def test_stdin_pipe_of_an_m4a_whose_index_comes_last_and_live_says_why_it_cannot(tmp_path):
     """ffmpeg writes mp4's index (moov) after the audio unless told otherwise, as many recorders
     do, and reading it needs a seek that a pipe does not allow."""
     m4a = tmp_path / "memo.m4a"
@@ -103,6 +103,9 @@ def test_stdin_pipe_of_an_m4a_whose_index_comes_last(tmp_path):
     proc = run_ferrum("transcribe", "-", "--language", "en", stdin=m4a.read_bytes())
     assert proc.returncode == 0, proc.stderr
     assert "ask not what your country can do for you" in words(proc.stdout)
+    live = run_ferrum("transcribe", "-", "--live", "--language", "en", stdin=m4a.read_bytes())  # read as it comes
+    assert live.returncode == 1 and "Traceback" not in live.stderr
+    assert "error: <stdin>: an mp4 or m4a whose index comes last cannot be read from a pipe" in live.stderr
 
 
 def test_stdin_with_output_dir_writes_stdin_srt_or_the_given_name(tmp_path):

@@ -184,6 +184,8 @@ class FFmpegLog:
             return "no audio decoded"
         if any("does not contain any stream" in e or "matches no streams" in e for e in self.errors):
             return "no audio stream"
+        if source == "pipe:0" and any(e.endswith("partial file") for e in self.errors):
+            return "an mp4 or m4a whose index comes last cannot be read from a pipe: give its file"
         line = self.errors[-1]
         for prefix in (source + ": ", "pipe:0: ", "pipe:: "):
             line = line.removeprefix(prefix)
