@@ -223,6 +223,10 @@ def test_known_speakers_are_named_where_their_voice_is_heard(server, client):
 def test_models_and_health(server, client):
     ids = [m.id for m in client.models.list()]
     assert ids == ["base", "whisper-1"]  # each one a request may name
+    assert [client.models.retrieve(name).id for name in ids] == ids
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("whisper-2")
+    assert missing.value.body["code"] == "model_not_found" and "whisper-2" in missing.value.body["message"]
     for name in ids:
         with open(SAMPLE, "rb") as fh:
             assert client.audio.transcriptions.create(model=name, file=fh).text

@@ -10,6 +10,7 @@ import time
 from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from ..errors import ModelNotFoundError
 from .openai_format import APIError
 from .realtime import realtime, refuse_busy
 from .requests import TranslationUpload, Upload
@@ -80,6 +81,15 @@ async def live(websocket: WebSocket, handler) -> None:
 @service.get("/v1/models")
 async def models(server: Server = Depends(server_of)):
     return {"object": "list", "data": model_list(server)}
+
+
+@service.get("/v1/models/{model:path}")
+async def model(model: str, server: Server = Depends(server_of)):
+    """One of the names /v1/models lists (the openai client's models.retrieve)."""
+    for listed in model_list(server):
+        if listed["id"] == model:
+            return listed
+    raise APIError.of(ModelNotFoundError(f"the model {model!r} does not exist here; GET /v1/models lists those served"))
 
 
 @service.get("/health")
