@@ -240,7 +240,7 @@ def test_status_as_table_and_json():
     assert doc["ffmpeg"]["source"] in ("PATH", "imageio-ffmpeg", "FERRUM_FFMPEG") and doc["ffmpeg"]["path"]
     assert doc["devices"][0]["device"] == "cpu" and doc["devices"][0]["memory_bytes"] > 0
     assert doc["default_device"] == "cpu" and doc["default_dtype"] == "float32"
-    assert doc["cpu_compute"] in ("float32", "bfloat16")  # what `--compute auto` runs the encoder in here
+    assert doc["cpu_compute"] in ("float32", "bfloat16", "int8")  # what `--compute auto` runs the encoder in here
     assert doc["cpu_compute"] != "bfloat16" or doc["cpu_bfloat16_instructions"] is True
     path = doc["cpu_path"]  # which path this CPU gets, and why
     assert path["encoder"] == doc["cpu_compute"] and path["instructions"] in path["why"]

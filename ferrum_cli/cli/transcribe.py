@@ -74,7 +74,7 @@ BatchSizeOption = Annotated[
     int, typer.Option(help="Windows decoded together.", min=1, max=MAX_BATCH_SIZE, rich_help_panel=SPEED_PANEL)
 ]
 ComputeOption = Annotated[
-    Compute, typer.Option(help="CPU encoder; auto: bfloat16 where faster.", rich_help_panel=SPEED_PANEL)
+    Compute, typer.Option(help="CPU encoder; auto: the fastest here that keeps the words.", rich_help_panel=SPEED_PANEL)
 ]
 ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)]
 PackShortOption = Annotated[

@@ -9,13 +9,20 @@ import numpy as np
 
 from ..errors import DeviceError, UsageError
 from ..options import COMPUTES, TranscribeOptions
-from ..platform.cpu import cpu_flags, cpu_has_native_bf16, cpu_name, half_products_available, int8_available
+from ..platform.cpu import (
+    cpu_flags,
+    cpu_has_native_bf16,
+    cpu_name,
+    half_products_available,
+    int8_available,
+    int8_sums_exactly,
+)
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
     import torch
 
-SPEEDUP_NEEDED = 1.1  # bfloat16 rounds the encoder's products: worth it only when clearly faster
-MEASURE_VERSION = 2  # of the remembered bfloat16 timing; 2: attention as the encoder runs it
+SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
+MEASURE_VERSION = 3  # of the remembered timing; 2: attention as the encoder runs it; 3: int8 measured too
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -33,7 +40,7 @@ def check_compute(compute: str) -> None:
     if compute not in COMPUTES:
         raise UsageError(f"unknown compute {compute!r}; choose {', '.join(COMPUTES)}")
     if compute == "int8" and not int8_available():
-        raise DeviceError("int8 needs torch's fbgemm engine (x86 CPUs); use auto, float32 or bfloat16")
+        raise DeviceError("this torch has no int8 matrix product; use auto, float32 or bfloat16")
 
 
 def plan_compute(model, options: TranscribeOptions) -> Compute:
@@ -56,13 +63,16 @@ def cpu_feature_dtype() -> torch.dtype:
 
 
 def cpu_auto_compute() -> str:
-    """What `--compute auto` runs the encoder in on this CPU: float32 or bfloat16.
+    """What `--compute auto` runs the encoder in on this CPU: float32, bfloat16 or int8.
 
-    bfloat16 instructions do not make bfloat16 faster on every CPU (docs/performance.md), so it
-    is measured once per CPU, torch version and thread count, and remembered. int8 changes
-    words, so it is never automatic.
+    Instructions do not make a compute faster on every CPU (docs/performance.md), so each one
+    this CPU can run as well as float32 is measured once per CPU, torch version and thread
+    count, and the answer remembered: bfloat16 where it has bfloat16 instructions, int8 where
+    its int8 products sum 8-bit operands exactly (VNNI; with 7-bit weights, AVX2's, words
+    change).
     """
-    if not cpu_has_native_bf16():
+    candidates = _auto_candidates()
+    if candidates == ["float32"]:
         return "float32"
     import hashlib
 
@@ -71,9 +81,13 @@ def cpu_auto_compute() -> str:
     from ..weights.cache import remembered
 
     machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
-    key = hashlib.sha256(machine.encode()).hexdigest()[:16]
-    answer = remembered(f"cpu-bfloat16-faster-{MEASURE_VERSION}-{key}", _bfloat16_measured_faster)
-    return "bfloat16" if answer is True else "float32"
+    key = hashlib.sha256(f"{machine}|{candidates}".encode()).hexdigest()[:16]
+    answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
+    return answer if answer in candidates else "float32"
+
+
+def _auto_candidates() -> list[str]:
+    return ["float32"] + ["bfloat16"] * cpu_has_native_bf16() + ["int8"] * int8_sums_exactly()
 
 
 def cpu_path() -> dict:
@@ -84,45 +98,56 @@ def cpu_path() -> dict:
     named = [("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")]
     best = next((name for flag, name in named if flag in flags), "below AVX2")
     encoder = cpu_auto_compute()
-    if encoder == "bfloat16":
-        why = f"{best} multiplies bfloat16 natively, measured at least {SPEEDUP_NEEDED}x float32 here"
-    elif cpu_has_native_bf16():
-        why = f"{best} has bfloat16 instructions, but they were not {SPEEDUP_NEEDED}x float32 here"
+    measured = [c for c in _auto_candidates() if c != "float32"]
+    if encoder != "float32":
+        why = f"{encoder} products measured the fastest on this {best} CPU, at least {SPEEDUP_NEEDED}x float32"
+    elif measured:
+        why = f"{' and '.join(measured)} products were not {SPEEDUP_NEEDED}x float32 on this {best} CPU"
     else:
-        why = f"{best} has no bfloat16 instructions: float32 products"
-    why += "; int8 (--compute int8) changes words, so auto never picks it"
+        why = f"{best} has no bfloat16 instructions"
+    if "int8" not in measured:
+        why += (
+            "; int8 products here add 16-bit pairs (no VNNI), so int8 (--compute int8) takes 7-bit "
+            "weights, which change words, and auto never picks it"
+            if int8_available()
+            else "; no int8 products in this torch"
+        )
     return {
         "instructions": best,
         "torch_kernels": torch.backends.cpu.get_cpu_capability(),  # what ATen dispatches to
         "encoder": encoder,
         "decoder_features": "bfloat16" if encoder == "bfloat16" else str(cpu_feature_dtype()).removeprefix("torch."),
-        "int8_kernels": int8_available(),
+        "int8_kernels": "exact" if int8_sums_exactly() else "16-bit pairs" if int8_available() else None,
         "why": why,
     }
 
 
-def _bfloat16_measured_faster() -> bool:
-    """One encoder block of base (1500 frames, width 512) in float32 and in bfloat16 autocast,
-    as the encoder runs it, best of interleaved rounds (a slow spell hits both)."""
+def _fastest(candidates: list[str]) -> str:
+    """The candidate in which one encoder block of base (1500 frames, width 512) runs the fastest,
+    as the encoder runs it, best of interleaved rounds (a slow spell hits all); another than
+    float32 only when at least SPEEDUP_NEEDED times faster."""
     import time
 
     import torch
     from whisper.model import ResidualAttentionBlock
 
     from .model import with_encoder_attention
+    from .quantize import int8_layers
 
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
     with_encoder_attention([block])
-    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    blocks = {"float32": block, "bfloat16": block, "int8": int8_layers(block, 127) if "int8" in candidates else None}
+    best = dict.fromkeys(candidates, float("inf"))
     with torch.no_grad():
         for _ in range(3):
-            for dtype in best:
+            for compute in candidates:
                 start = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-                    block(x)
-                best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] > SPEEDUP_NEEDED * best[torch.bfloat16]
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == "bfloat16"):
+                    blocks[compute](x)
+                best[compute] = min(best[compute], time.perf_counter() - start)
+    fastest = min(best, key=best.get)
+    return fastest if best["float32"] > SPEEDUP_NEEDED * best[fastest] else "float32"
 
 
 def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:

@@ -1,41 +1,47 @@
-"""`--compute int8`: int8 products for the encoder's layers that read a layer norm (x86, fbgemm).
+"""int8 products for the encoder's linear layers (`--compute int8`, and `auto` where it is the
+fastest and the products sum exactly).
 
-Weights are rounded to int8 once per model, with one scale per output channel; activations are
-rounded per product by fbgemm's dynamic linear, with one scale for the whole product. That suits
-the query, key and value projections and the first MLP layer, which read a layer norm's output;
-the other layers read activations with outliers that one scale cannot hold. Words change
-(docs/performance.md), so int8 is asked for, never automatic.
+As CTranslate2 rounds them: each weight row (output channel) to int8 with a scale of its own,
+once per model; each activation row (one frame) with a scale of its own, per product. A frame's
+own scale holds the outliers some frames have, where one scale for the whole product (fbgemm's
+dynamic linear) had to leave the layers that read them in float32 (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 from torch import Tensor, nn
 
-from ..platform.cpu import full_range_activations
+from ..platform.cpu import int8_sums_exactly
 from .derived import derived
+
+LAYERS = (("attn", "query"), ("attn", "key"), ("attn", "value"), ("attn", "out"), ("mlp", "0"), ("mlp", "2"))
 
 
 class Int8Linear(nn.Module):
-    """A linear layer as fbgemm's int8 product: per-channel weights, per-product activations."""
+    """A linear layer as an int8 product: weights per output channel, activations per row.
 
-    def __init__(self, linear: nn.Linear, reduce_range: bool) -> None:
+    weight_levels: 127, or 63 where the CPU's int8 product adds pairs of products in 16 bits
+    (AVX2 without VNNI), which 8-bit weights against unsigned activations overflow."""
+
+    def __init__(self, linear: nn.Linear, weight_levels: int = 127) -> None:
         super().__init__()
         weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
-        zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # torch marks quantized tensors as deprecated
-            warnings.simplefilter("ignore", UserWarning)
-            qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
-        self.reduce_range = reduce_range
+        self.weight_scale = (weight.abs().amax(dim=1) / weight_levels).clamp(min=1e-12)  # [out]
+        self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t()  # [in, out]
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        """x [..., in] float -> [..., out] float32."""
+        rows = x.reshape(-1, x.shape[-1]).float()
+        scale = (rows.abs().amax(dim=-1, keepdim=True) / 127).clamp(min=1e-12)  # [rows, 1]
+        quantized = (rows / scale).round_().to(torch.int8)
+        out = torch._int_mm(quantized, self.weight_t).float().mul_(scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _shallow(module: nn.Module) -> nn.Module:
@@ -45,13 +51,13 @@ def _shallow(module: nn.Module) -> nn.Module:
     return clone
 
 
-def int8_layers(block: nn.Module, reduce_range: bool) -> nn.Module:
-    """A residual attention block whose query, key, value and first MLP layers are Int8Linear."""
-    clone, attn, mlp = _shallow(block), _shallow(block.attn), _shallow(block.mlp)
-    for name in ("query", "key", "value"):
-        attn._modules[name] = Int8Linear(getattr(block.attn, name), reduce_range)
-    mlp._modules["0"] = Int8Linear(block.mlp[0], reduce_range)
-    clone._modules["attn"], clone._modules["mlp"] = attn, mlp
+def int8_layers(block: nn.Module, weight_levels: int) -> nn.Module:
+    """A residual attention block whose six linear layers are Int8Linear; the rest is shared."""
+    clone = _shallow(block)
+    for part, name in LAYERS:
+        if clone._modules[part] is getattr(block, part):
+            clone._modules[part] = _shallow(getattr(block, part))
+        clone._modules[part]._modules[name] = Int8Linear(getattr(getattr(block, part), name), weight_levels)
     return clone
 
 
@@ -59,9 +65,9 @@ def int8_encoder(model) -> nn.Module:
     """The model's encoder with int8_layers in every block, built once and kept on the model."""
 
     def build() -> nn.Module:
-        reduce_range = not full_range_activations()
+        levels = 127 if int8_sums_exactly() else 63
         encoder = _shallow(model.encoder)
-        encoder._modules["blocks"] = nn.ModuleList(int8_layers(b, reduce_range) for b in model.encoder.blocks)
+        encoder._modules["blocks"] = nn.ModuleList(int8_layers(b, levels) for b in model.encoder.blocks)
         return encoder
 
     return derived(model, "int8 encoder", build)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -37,10 +38,31 @@ def cpu_has_native_bf16() -> bool:
 
 
 def int8_available() -> bool:
-    """fbgemm (x86) with its int8 dynamic linear."""
+    """torch's int8 matrix product (torch._int_mm) runs on this CPU."""
+    return _int8_probe() is not None
+
+
+def int8_sums_exactly() -> bool:
+    """Whether this CPU's int8 product sums 8-bit operands exactly. VNNI adds each product into
+    32 bits; AVX2 alone (vpmaddubsw) adds pairs of them into 16 bits, which saturate unless the
+    weights stay within 7 bits. Probed, since torch's kernels, not the flags, decide."""
+    return _int8_probe() is True
+
+
+@lru_cache(maxsize=1)
+def _int8_probe() -> bool | None:
+    """None: no int8 product; else whether full-scale operands came out exact."""
     import torch
 
-    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
+    if not hasattr(torch, "_int_mm"):
+        return None
+    full = torch.full((64, 512), 127, dtype=torch.int8)
+    try:
+        with single_threaded():  # the caller may be a thread that must not keep an OpenMP pool
+            summed = torch._int_mm(full, full.t())  # weights laid out as Int8Linear keeps them
+    except RuntimeError:
+        return None
+    return bool((summed == 127 * 127 * 512).all())
 
 
 def half_products_available() -> bool:
@@ -50,11 +72,6 @@ def half_products_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
         torch.ops.quantized, "linear_prepack_fp16"
     )
-
-
-def full_range_activations() -> bool:
-    """8-bit activations need VNNI: without it fbgemm's 16-bit pair sums can saturate, so 7 bits."""
-    return "avx512_vnni" in cpu_flags()
 
 
 class Background:
