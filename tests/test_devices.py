@@ -104,10 +104,10 @@ def test_a_cpu_with_avx2_and_nothing_newer_gets_float32_products_and_float16_fea
 @needs_corpus
 @pytest.mark.skipif(not int8_available(), reason="this torch has no int8 matrix product")
 def test_int8_reads_the_corpus_as_float32_does_within_a_word_or_two(executor):
-    """The referenced clips of every language under 20 s, each alone in its language, and the
+    """The referenced clips of every language under 10 s, each alone in its language, and the
     English ones packed: int8 products (as this CPU runs them) make at most two word errors
     more in total than float32, and no clip more than one."""
-    rows = [r for r in corpus_rows() if r["reference_transcript"] != "none" and float(r["duration_seconds"]) < 20]
+    rows = [r for r in corpus_rows() if r["reference_transcript"] != "none" and float(r["duration_seconds"]) < 10]
     english = [r for r in rows if r["language"] == "en"]
 
     def errors(compute: str) -> dict[str, int]:
