@@ -137,7 +137,7 @@ def _fastest(candidates: list[str]) -> str:
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
     with_encoder_attention([block])
-    blocks = {"float32": block, "bfloat16": block, "int8": int8_layers(block, 127) if "int8" in candidates else None}
+    blocks = {compute: int8_layers(block, 127) if compute == "int8" else block for compute in candidates}
     best = dict.fromkeys(candidates, float("inf"))
     with torch.no_grad():
         for _ in range(3):

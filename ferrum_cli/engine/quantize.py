@@ -53,11 +53,10 @@ def _shallow(module: nn.Module) -> nn.Module:
 
 def int8_layers(block: nn.Module, weight_levels: int) -> nn.Module:
     """A residual attention block whose six linear layers are Int8Linear; the rest is shared."""
-    clone = _shallow(block)
+    clone, parts = _shallow(block), {part: _shallow(getattr(block, part)) for part, _ in LAYERS}
     for part, name in LAYERS:
-        if clone._modules[part] is getattr(block, part):
-            clone._modules[part] = _shallow(getattr(block, part))
-        clone._modules[part]._modules[name] = Int8Linear(getattr(getattr(block, part), name), weight_levels)
+        parts[part]._modules[name] = Int8Linear(getattr(block, part)._modules[name], weight_levels)
+    clone._modules.update(parts)
     return clone
 
 
