@@ -38,9 +38,11 @@ class Segment:
     words: list[Word] | None = None  # with --word-timestamps
     language: str | None = None  # with --multilingual: the language of its window
     speaker: str | None = None  # with diarization: who said it
+    token_logprobs: list[float] | None = field(default=None, compare=False)  # one a token, as decoded (not written out)
 
     def to_dict(self) -> dict:
         record = {k: v for k, v in asdict(self).items() if v is not None or k not in ("words", "language", "speaker")}
+        record.pop("token_logprobs")
         if self.words is not None:
             record["words"] = [word.to_dict() for word in self.words]
         return record

@@ -153,7 +153,8 @@ def test_a_committed_buffer_in_each_format_is_transcribed(client, protocol, tmp_
             updated, data = "transcription_session.updated", g711(samples, "mulaw")
         else:
             fmt = {"type": "audio/pcma"} if "pcma" in protocol else {"type": "audio/pcm", "rate": 16000}
-            conn.session.update(session={"type": "transcription", "audio": {"input": {
+            include = [] if "pcma" in protocol else ["item.input_audio_transcription.logprobs"]
+            conn.session.update(session={"type": "transcription", "include": include, "audio": {"input": {
                 "format": fmt, "turn_detection": None, "transcription": {"model": "whisper-1", "language": "en"},
             }}})  # fmt: skip
             updated = "session.updated"
@@ -168,6 +169,13 @@ def test_a_committed_buffer_in_each_format_is_transcribed(client, protocol, tmp_
     assert "input_audio_buffer.speech_started" not in kinds
     assert kinds.index("input_audio_buffer.committed") < kinds.index(COMPLETED)
     assert errors_against(cli_text(samples, tmp_path), events[-1]["transcript"], "en") <= 1, events[-1]
+    if "16 kHz" in protocol:  # with the logprobs the session's include asked for: each token's, as with HTTP
+        logprobs = events[-1]["logprobs"]
+        assert bytes(b for lp in logprobs for b in lp["bytes"]).decode().strip() == events[-1]["transcript"]
+        assert [lp for e in events if e["type"] == DELTA for lp in e["logprobs"]] == logprobs
+        assert all(lp["logprob"] <= 0 for lp in logprobs)
+    else:
+        assert "logprobs" not in events[-1]
 
 
 def test_bad_events_get_error_events_and_the_session_goes_on(client):

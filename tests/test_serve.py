@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import socket
 import subprocess
@@ -158,6 +159,27 @@ def test_streaming_gives_each_segment_then_the_text(client):
     kinds = [e.type for e in events]
     assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
     assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text == whole
+
+
+def test_include_logprobs_gives_each_tokens_log_probability_in_json_and_its_events(client):
+    """include[]=logprobs (OpenAI's, for gpt-4o-transcribe): OpenAI's Logprob for every token of
+    the text, whose bytes spell the text; in the stream, each delta's tokens and then all of them."""
+    with open(SAMPLE, "rb") as fh:
+        whole = client.audio.transcriptions.create(model="whisper-1", file=fh, include=["logprobs"])
+    assert whole.logprobs and len(whole.logprobs) >= len(whole.text.split())
+    assert bytes(int(b) for lp in whole.logprobs for b in lp.bytes).decode().strip() == whole.text  # typed floats
+    assert all(-30 < lp.logprob <= 0 for lp in whole.logprobs)
+    assert sum(math.exp(lp.logprob) for lp in whole.logprobs) / len(whole.logprobs) > 0.7  # a clear reading
+    with open(SAMPLE, "rb") as fh:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=fh, stream=True, include=["logprobs"]))
+    deltas, done = events[:-1], events[-1]
+    each_delta = [lp.model_dump() for e in deltas for lp in e.logprobs]  # the events' Logprob types differ
+    assert each_delta == [lp.model_dump() for lp in done.logprobs] == [lp.model_dump() for lp in whole.logprobs]
+    with open(SAMPLE, "rb") as fh:
+        assert client.audio.transcriptions.create(model="whisper-1", file=fh).logprobs is None  # only when asked
+    for fmt in ("text", "verbose_json"):
+        with open(SAMPLE, "rb") as fh, pytest.raises(openai.BadRequestError, match="needs response_format=json"):
+            client.audio.transcriptions.create(model="whisper-1", file=fh, include=["logprobs"], response_format=fmt)
 
 
 @needs_corpus

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import statistics
 
@@ -122,3 +123,25 @@ def test_median_filter_is_openai_whispers_value_for_value():
     tensors += [torch.randint(-2, 3, (5, 20, 300), generator=generator).float()]  # many ties
     for x in tensors:
         assert torch.equal(median_filter(x), whisper_median_filter(x, MEDIAN_FILTER_WIDTH)), tuple(x.shape)
+
+
+def test_each_tokens_log_probability_is_the_one_its_word_was_read_with(executor):
+    """Segment.token_logprobs (what include[]=logprobs sends) belong to the tokens as decoded: the
+    alignment pass reads each word's probability again in a pass of its own, and the two agree word
+    by word; the same numbers one token off do not."""
+    gaps, shifted = [], []
+    for name in ("en_jfk_inaugural_1961.flac", "de_picovoice_test_de.wav", "fr_fleurs_003.ogg"):
+        result = executor.transcribe(str(corpus(name)), TranscribeOptions(word_timestamps=True))
+        for segment in result.segments:
+            assert len(segment.token_logprobs) == len(segment.tokens)
+            probabilities = [math.exp(lp) for lp in segment.token_logprobs]
+            at = 0
+            for word in segment.words:
+                n = len(word.tokens)
+                assert segment.tokens[at : at + n] == list(word.tokens)
+                gaps.append(abs(statistics.mean(probabilities[at : at + n]) - word.probability))
+                if at:
+                    shifted.append(abs(statistics.mean(probabilities[at - 1 : at - 1 + n]) - word.probability))
+                at += n
+    assert len(gaps) > 50 and statistics.mean(gaps) < 0.06, statistics.mean(gaps)  # 0.02 here
+    assert statistics.mean(shifted) > 3 * statistics.mean(gaps), (statistics.mean(shifted), statistics.mean(gaps))

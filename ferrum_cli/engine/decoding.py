@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -411,6 +412,14 @@ class SpeechContinuation:
         self.unfinished = self.unfinished[rows]
 
 
+@dataclass(frozen=True)
+class DecodedWindow(DecodingResult):
+    """openai-whisper's result, with the log probability of each of its tokens as sampled
+    (after the logit filters, as its avg_logprob sums them); None from beam search."""
+
+    token_logprobs: tuple[float, ...] | None = None
+
+
 class FerrumDecodingTask(DecodingTask):
     def __init__(
         self,
@@ -434,6 +443,23 @@ class FerrumDecodingTask(DecodingTask):
             self.decoder.inference = self.inference
         self.fast_cache_dtype = fast_cache_dtype
         self.row_languages = row_languages
+        self.sampled_tokens: Tensor | None = None  # [rows, positions]: the greedy loop's, prompt included
+        self.sampled_logprobs: Tensor | None = None  # [rows, positions]: of each sampled token
+
+    def run(self, mel: Tensor) -> list[DecodedWindow]:
+        results = super().run(mel)
+        sampled = self.sampled_logprobs
+        if sampled is None or self.options.task == "lang_id":
+            return [DecodedWindow(**vars(result)) for result in results]
+        windows = []
+        for i, result in enumerate(results):
+            n = len(result.tokens)
+            rows = range(i * self.n_group, (i + 1) * self.n_group)  # best-of-n: the sample run() kept
+            row = next((r for r in rows if self.sampled_tokens[r, self.sample_begin : self.sample_begin + n].tolist()
+                        == list(result.tokens)), rows[0])  # fmt: skip
+            logprobs = tuple(sampled[row, self.sample_begin : self.sample_begin + n].tolist())
+            windows.append(DecodedWindow(**vars(result), token_logprobs=logprobs))
+        return windows
 
     def _detect_language(self, audio_features: Tensor, tokens: Tensor):
         """Rows of one batch may come from files in different languages, each already known."""
@@ -512,6 +538,7 @@ class FerrumDecodingTask(DecodingTask):
         sum_logprobs = torch.zeros(n_batch, device=device)
         out = torch.full((n_batch, tokens.shape[-1] + self.sample_len + 1), eot, dtype=tokens.dtype, device=device)
         out[:, : tokens.shape[-1]] = tokens
+        self.sampled_tokens, self.sampled_logprobs = out, torch.zeros(out.shape, device=device)
         length = tokens.shape[-1]
         active = torch.arange(n_batch, device=device)
         no_speech_probs: list[float] = []
@@ -523,7 +550,9 @@ class FerrumDecodingTask(DecodingTask):
                 else:  # as whisper's GreedyDecoder samples
                     next_tokens = Categorical(logits=logits / self.options.temperature).sample()
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
-                sum_logprobs[active] += logprobs[torch.arange(len(active), device=device), next_tokens]
+                chosen = logprobs[torch.arange(len(active), device=device), next_tokens]
+                sum_logprobs[active] += chosen
+                self.sampled_logprobs[active, length] = chosen
                 out[active, length] = next_tokens
                 tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
                 length += 1

@@ -45,7 +45,11 @@ def cut_loop(result, tokenizer):
         return result
     start, period = found
     kept = tokens[: start + period]
-    return replace(result, tokens=kept, text=tokenizer.decode(kept).strip())
+    changes = {"tokens": kept, "text": tokenizer.decode(kept).strip()}
+    if (logprobs := getattr(result, "token_logprobs", None)) is not None:
+        text_logprobs = [lp for t, lp in zip(result.tokens, logprobs) if t < tokenizer.eot]
+        changes["token_logprobs"] = tuple(text_logprobs[: len(kept)])
+    return replace(result, **changes)
 
 
 def is_silence(result, options: TranscribeOptions) -> bool:

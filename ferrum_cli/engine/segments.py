@@ -16,7 +16,8 @@ def segments_from_tokens(result, offset: float, duration: float, tokenizer) -> l
     """
     begin = tokenizer.timestamp_begin
     segments: list[Segment] = []
-    start, pending = 0.0, []
+    start, pending, pending_logprobs = 0.0, [], []
+    logprobs = getattr(result, "token_logprobs", None)
 
     def close(end: float) -> None:
         text = tokenizer.decode(pending)
@@ -34,18 +35,21 @@ def segments_from_tokens(result, offset: float, duration: float, tokenizer) -> l
                 result.no_speech_prob,
                 result.compression_ratio,
                 result.temperature,
+                token_logprobs=None if logprobs is None else list(pending_logprobs),
             )
         )
 
-    for token in result.tokens:
+    for k, token in enumerate(result.tokens):
         if token >= begin:
             stamp = (token - begin) * TIMESTAMP_SECONDS
             if pending:
                 close(stamp)
-                pending = []
+                pending, pending_logprobs = [], []
             start = stamp
         else:
             pending.append(token)
+            if logprobs is not None:
+                pending_logprobs.append(logprobs[k])
     if pending:
         close(duration)
     return segments

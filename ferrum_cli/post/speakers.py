@@ -148,7 +148,10 @@ def _split_at_changes(segment: Segment, turns: TurnIndex) -> list[Segment]:
     if len(runs) == 1:
         return [replace(segment, words=words, speaker=words[0].speaker)]
     every_word_has_tokens = all(w.tokens for w in words)
-    pieces = []
+    logprobs = segment.token_logprobs
+    if not every_word_has_tokens or [t for w in words for t in w.tokens] != list(segment.tokens):
+        logprobs = None  # not split with the tokens: none rather than misplaced
+    pieces, at = [], 0
     for i, run in enumerate(runs):
         if every_word_has_tokens:
             tokens = [t for w in run for t in w.tokens]
@@ -163,6 +166,8 @@ def _split_at_changes(segment: Segment, turns: TurnIndex) -> list[Segment]:
                 tokens=tokens,
                 words=run,
                 speaker=run[0].speaker,
+                token_logprobs=None if logprobs is None else logprobs[at : at + len(tokens)],
             )
         )
+        at += len(tokens)
     return pieces

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from fastapi.responses import JSONResponse
 
 from ..errors import (
@@ -23,6 +25,7 @@ LETTERS = tuple(chr(ord("A") + i) for i in range(26))
 # OpenAI's labels for speakers it does not know, A to Z; then AA, AB, ... as spreadsheets go on
 SPEAKER_LETTERS = LETTERS + tuple(first + second for first in LETTERS for second in LETTERS)
 GRANULARITIES = ("segment", "word")
+INCLUDES = ("logprobs",)
 MEDIA_TYPES = {  # OpenAI's names for the writers'
     "json": WRITERS["json"].media_type,
     "verbose_json": WRITERS["json"].media_type,
@@ -88,10 +91,37 @@ def word_objects(result: Transcription) -> list[dict]:
     return [{"word": w.word.strip(), "start": w.start, "end": w.end} for s in result.segments for w in (s.words or [])]
 
 
-def response_body(result: Transcription, fmt: str, task: str, granularities: tuple[str, ...]) -> tuple[str, str]:
-    """(body, media type) of a finished transcription in one of RESPONSE_FORMATS."""
+@lru_cache(maxsize=2)
+def _encoding(multilingual: bool):
+    from whisper.tokenizer import get_encoding
+
+    return get_encoding("multilingual" if multilingual else "gpt2")
+
+
+def logprob_objects(segments: list[Segment], multilingual: bool) -> list[dict] | None:
+    """OpenAI's Logprob for each text token: its text, its bytes (a character can span tokens),
+    its log probability as decoded. None where a segment's decoding kept none (beam search)."""
+    if any(s.token_logprobs is None for s in segments):
+        return None
+    encoding, found = _encoding(multilingual), []
+    for segment in segments:
+        for token, logprob in zip(segment.tokens, segment.token_logprobs):
+            raw = encoding.decode_single_token_bytes(token)
+            found.append({"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)})
+    return found
+
+
+def response_body(
+    result: Transcription, fmt: str, task: str, granularities: tuple[str, ...], logprobs: bool | None = None
+) -> tuple[str, str]:
+    """(body, media type) of a finished transcription in one of RESPONSE_FORMATS. logprobs: the
+    model is multilingual (its tokens' bytes), where include[]=logprobs asked for them (json)."""
     if fmt == "json":
-        body = strict_json({"text": result.text, "usage": {"type": "duration", "seconds": round(result.duration, 3)}})
+        body = {"text": result.text}
+        if logprobs is not None:
+            body["logprobs"] = logprob_objects(result.segments, logprobs)
+        body["usage"] = {"type": "duration", "seconds": round(result.duration, 3)}
+        body = strict_json(body)
     elif fmt == "text":
         body = result.text + "\n"
     elif fmt in ("srt", "vtt"):
@@ -128,11 +158,18 @@ def sse(event: dict, name: str | None = None) -> str:
     return f"{head}data: {strict_json(event)}\n\n"
 
 
-def delta_event(segment: Segment, first: bool) -> str:
-    """The text the segment adds; the deltas joined are the done event's text."""
+def delta_event(segment: Segment, first: bool, logprobs: bool | None = None) -> str:
+    """The text the segment adds; the deltas joined are the done event's text. logprobs: as
+    response_body's."""
     text = segment.text.lstrip() if first else segment.text
-    return sse({"type": "transcript.text.delta", "delta": text})
+    event = {"type": "transcript.text.delta", "delta": text}
+    if logprobs is not None:
+        event["logprobs"] = logprob_objects([segment], logprobs)
+    return sse(event)
 
 
-def done_event(result: Transcription) -> str:
-    return sse({"type": "transcript.text.done", "text": result.text})
+def done_event(result: Transcription, logprobs: bool | None = None) -> str:
+    event = {"type": "transcript.text.done", "text": result.text}
+    if logprobs is not None:
+        event["logprobs"] = logprob_objects(result.segments, logprobs)
+    return sse(event)

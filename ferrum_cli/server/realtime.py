@@ -25,7 +25,7 @@ from ..options import TranscribeOptions
 from ..results import Transcription
 from ..writers import strict_json
 from .job import Job
-from .openai_format import APIError
+from .openai_format import APIError, logprob_objects
 from .realtime_config import RealtimeError, SessionConfig
 from .requests import TranscriptionRequest
 
@@ -33,6 +33,7 @@ log = logging.getLogger("ferrum.server")
 MAX_MESSAGE_BYTES = 15 << 20  # OpenAI's limit on one client event
 MAX_HELD_SECONDS = 600.0  # uncommitted audio a session holds at most; appends past it are refused
 MIN_COMMIT_MS = 100  # OpenAI's least audio a commit takes
+LOGPROBS = "item.input_audio_transcription.logprobs"  # what session.include names to get them
 OUTBOX_EVENTS = 1024  # server events waiting for a slow reader, at most; past that the session ends
 
 
@@ -246,6 +247,12 @@ class RealtimeSession:
         finally:
             done.set()
 
+    def _logprobs(self, segments: list) -> dict:
+        """The session's include asks for each token's log probability: {"logprobs": [...]}, else {}."""
+        if LOGPROBS not in self.config.include:
+            return {}
+        return {"logprobs": logprob_objects(segments, self.server.multilingual)}
+
     async def _deliver_events(self, item: str, job: Job, samples: int) -> None:
         first = True
         while True:
@@ -255,7 +262,8 @@ class RealtimeSession:
                 delta = segment.text.lstrip() if first else segment.text
                 first = False
                 self.send({"type": "conversation.item.input_audio_transcription.delta", "event_id": event_id(),
-                           "item_id": item, "content_index": 0, "delta": delta})  # fmt: skip
+                           "item_id": item, "content_index": 0, "delta": delta,
+                           **self._logprobs([segment])})  # fmt: skip
                 continue
             self.items.pop(item, None)
             if isinstance(value, FerrumError):
@@ -269,6 +277,7 @@ class RealtimeSession:
         self.send({
             "type": "conversation.item.input_audio_transcription.completed", "event_id": event_id(),
             "item_id": item, "content_index": 0, "transcript": "".join(s.text for s in result.segments).strip(),
+            **self._logprobs(result.segments),
             "usage": {"type": "duration", "seconds": round(samples / SAMPLE_RATE, 3)},
         })  # fmt: skip
 

@@ -13,7 +13,7 @@ from fastapi import File, Form, UploadFile
 from ..errors import UsageError
 from ..languages import language_code
 from ..options import FALLBACK_INCREMENT, KnownSpeaker, TranscribeOptions, temperatures
-from .openai_format import GRANULARITIES, RESPONSE_FORMATS, SPEAKER_LETTERS, APIError
+from .openai_format import GRANULARITIES, INCLUDES, RESPONSE_FORMATS, SPEAKER_LETTERS, APIError
 
 TASKS = ("transcribe", "translate")
 MAX_KNOWN_SPEAKERS = 4  # as OpenAI
@@ -32,6 +32,7 @@ class TranscriptionRequest:
     granularities: tuple[str, ...] = ()  # "segment" and "word", with verbose_json
     stream: bool = False  # server-sent events as segments are decoded
     known_speakers: tuple[KnownSpeaker, ...] = ()  # diarized_json: voices to name where they are heard
+    logprobs: bool = False  # include[]=logprobs: each token's log probability, with json
 
     @classmethod
     def checked(
@@ -39,6 +40,7 @@ class TranscriptionRequest:
         temperature: str | float | None = None, response_format: str | None = None,
         granularities: list[str] | None = None, stream: bool = False, model_required: bool = True,
         known_names: list[str] | None = None, known_references: list[str] | None = None,
+        include: list[str] | None = None,
     ) -> TranscriptionRequest:  # fmt: skip
         """The request, or the APIError (400) of its first bad field."""
         task = (task or "transcribe").strip()
@@ -65,7 +67,8 @@ class TranscriptionRequest:
         except UsageError as exc:
             raise APIError.of(exc, "language") from None
         known = _known_speakers(known_names or [], known_references or [], fmt)
-        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream, known)
+        logprobs = _logprobs(include or [], fmt)
+        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream, known, logprobs)
 
     def options(self, base: TranscribeOptions) -> TranscribeOptions:
         """base (the server's batch size and compute) with this request's task, language and decoding.
@@ -93,6 +96,16 @@ def _known_speakers(names: list[str], references: list[str], fmt: str) -> tuple[
     if len(set(names)) < len(names) or not all(name.strip() for name in names):
         raise APIError(400, "each known speaker needs a name of their own", param=param)
     return tuple(KnownSpeaker(name.strip(), _data_url(ref)) for name, ref in zip(names, references))
+
+
+def _logprobs(include: list[str], fmt: str) -> bool:
+    """Whether OpenAI's include[] asks for logprobs, which come with response_format=json only (as OpenAI's)."""
+    asked = [value.strip() for value in include if value.strip()]
+    if bad := [value for value in asked if value not in INCLUDES]:
+        raise APIError(400, f"unknown include[] value {bad[0]!r}; the one there is: logprobs", param="include")
+    if asked and fmt != "json":
+        raise APIError(400, "include[]=logprobs needs response_format=json", param="include")
+    return bool(asked)
 
 
 def _data_url(value: str) -> bytes:
@@ -134,11 +147,12 @@ class Upload:
         stream: bool = Form(False),
         known_speaker_names: list[str] | None = Form(None, alias="known_speaker_names[]"),
         known_speaker_references: list[str] | None = Form(None, alias="known_speaker_references[]"),
+        include: list[str] | None = Form(None, alias="include[]"),
     ) -> None:
         self.file = _the_file(file)
         self.request = TranscriptionRequest.checked(
             "transcribe", model, language, prompt, temperature, response_format, timestamp_granularities, stream,
-            known_names=known_speaker_names, known_references=known_speaker_references,
+            known_names=known_speaker_names, known_references=known_speaker_references, include=include,
         )  # fmt: skip
 
 

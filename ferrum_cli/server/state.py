@@ -130,6 +130,7 @@ class Server:
     def __init__(self, settings: ServerSettings, on_fatal=None) -> None:
         self.settings, self.on_fatal = settings, on_fatal
         self.state, self.executor, self.service = "loading", None, None
+        self.multilingual = True
         self.model_name = settings.model
         self.admission = Admission(settings.max_queue_seconds)
         self.streams = StreamSlots(settings.max_streams)
@@ -153,6 +154,7 @@ class Server:
                 self.on_fatal(exc)
             return
         self.executor, self.model_name = executor, executor.info()["name"]
+        self.multilingual = executor.info()["multilingual"]  # which tokenizer's bytes logprobs name
         self.service = executor.serve(self.settings.share_batches, self._batch_done)
         self.service.on_fatal = self._engine_stopped
         self.state = "ready"
@@ -231,7 +233,7 @@ class Server:
             raise APIError.of(exc) from None
         if asked.stream:
             return StreamingResponse(
-                self._events(request, job, ticket, decoded, name, asked.response_format == "diarized_json"),
+                self._events(request, job, ticket, decoded, name, asked),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
@@ -245,7 +247,8 @@ class Server:
         if isinstance(result, FerrumError):
             raise APIError.of(result, "file")
         self._transcribed(result, name)
-        body, media_type = response_body(result, asked.response_format, asked.task, asked.granularities)
+        logprobs = self.multilingual if asked.logprobs else None
+        body, media_type = response_body(result, asked.response_format, asked.task, asked.granularities, logprobs)
         return Response(body, media_type=media_type)
 
     def _transcribed(self, result: Transcription, name: str) -> None:
@@ -272,16 +275,20 @@ class Server:
                     self.metrics.cancelled.inc()
                     return None
 
-    async def _events(self, request: Request, job: Job, ticket: Ticket, decoded, name: str, diarized: bool = False):
+    async def _events(
+        self, request: Request, job: Job, ticket: Ticket, decoded, name: str, asked: TranscriptionRequest
+    ):
         """Server-sent events: a delta per segment as it is decoded (diarized: a segment event with
         its speaker, once the speakers are known), then done (or an error)."""
+        diarized = asked.response_format == "diarized_json"
+        logprobs = self.multilingual if asked.logprobs else None
         finished, transcribed = False, False
         try:
             first = True
             while True:
                 kind, value = await job.events.get()
                 if kind == "segment":
-                    yield sse(diarized_segment(value[0])) if diarized else delta_event(value[0], first)
+                    yield sse(diarized_segment(value[0])) if diarized else delta_event(value[0], first, logprobs)
                     first = False
                     continue
                 finished = True
@@ -290,7 +297,7 @@ class Server:
                 else:
                     transcribed = True
                     self._transcribed(value, name)
-                    yield done_event(value)
+                    yield done_event(value, logprobs)
                 return
         finally:
             if not finished:  # the client went away mid-stream
