@@ -8,7 +8,7 @@ import resource
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -121,6 +121,9 @@ class WhisperModelExecutor:
         name = self._info.get("name", "this model")
         if options.language not in (None, "en"):
             raise UsageError(f"model {name} is English-only; it cannot transcribe language {options.language!r}")
+        if options.languages and "en" not in options.languages:
+            named = ", ".join(options.languages)
+            raise UsageError(f"model {name} is English-only; it cannot transcribe languages {named}")
         if options.task == "translate":
             raise UsageError(f"model {name} is English-only; it cannot translate")
 
@@ -268,9 +271,9 @@ class WhisperModelExecutor:
         c.audio_seconds += result.duration
         c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
 
-    def detect_language(self, audio: str | os.PathLike[str] | bytes) -> tuple[str, float]:
+    def detect_language(self, audio: str | os.PathLike[str] | bytes, among: Sequence[str] = ()) -> tuple[str, float]:
         """(language code, probability) from up to three speech windows of the first batch; ('und', 0.0)
-        when there is no speech."""
+        when there is no speech. among: the codes it may be, the probability then among them."""
         import itertools
 
         from .audio.ffmpeg import decode_bytes, stream_file
@@ -279,12 +282,13 @@ class WhisperModelExecutor:
         from .engine.language import detect_language
 
         model = self._require_model()
-        options = TranscribeOptions()
+        options = TranscribeOptions(languages=tuple(among))
+        options.check()
         chunks = [decode_bytes(bytes(audio)).samples] if isinstance(audio, (bytes, bytearray)) else stream_file(audio)
         with self._lock:
             windows = plan_windows(chunks, options.vad, options.vad_options)
             first = [w for _, w in itertools.islice(windows, options.batch_size)]
-            return detect_language(model, first, plan_compute(model, options).encoder)
+            return detect_language(model, first, plan_compute(model, options).encoder, among=options.languages)
 
     def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
         """The text; language by code or English name ("de", "german"), None or "auto" to detect it."""

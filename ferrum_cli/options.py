@@ -59,6 +59,7 @@ class TranscribeOptions:
 
     # what to produce
     language: str | None = None  # a Whisper language code; None: detect it
+    languages: tuple[str, ...] = ()  # with language None: the languages detection may pick, codes; (): any
     task: str = "transcribe"  # or "translate" (to English)
     multilingual: bool = False  # detect the language of each window, not once per input
 
@@ -107,6 +108,10 @@ class TranscribeOptions:
             raise UsageError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.language is not None and language_code(self.language) != self.language:
             raise UsageError(f"language must be a Whisper language code such as 'en', not {self.language!r}")
+        if bad := [code for code in self.languages if language_code(code) != code]:
+            raise UsageError(f"languages must be Whisper language codes such as 'en', not {bad[0]!r}")
+        if self.language is not None and self.languages:
+            raise UsageError("give a language, or languages for detection to choose from, not both")
         _within("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
         for name in ("beam_size", "best_of"):
             if getattr(self, name) is not None:

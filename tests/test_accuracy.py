@@ -176,6 +176,23 @@ def test_multilingual_mode_tags_english_and_german_segments(executor):
     assert "permission" in english and "software" in german
 
 
+def test_detection_among_given_languages_takes_the_likeliest_of_them(executor):
+    """languages (--languages, OpenAI's languages[]), for speech known to be in one of a few: the
+    likeliest of those, its probability taken among them; a file's language and, with
+    multilingual, each window's."""
+    spanish = corpus("es_fleurs_000.ogg")
+    _, anywhere = executor.detect_language(spanish)
+    language, among = executor.detect_language(spanish, among=("pt", "es"))
+    assert language == "es" and anywhere <= among <= 1
+    assert executor.detect_language(spanish, among=("pt", "it"))[0] in ("pt", "it")
+    result = executor.transcribe(spanish, TranscribeOptions(languages=("pt", "it")))
+    assert result.language in ("pt", "it") and 0.5 <= result.language_probability <= 1  # the likelier of two
+    mixed = corpus("en_de_mixed_faster_whisper_multilingual.mp3")
+    result = executor.transcribe(mixed, TranscribeOptions(multilingual=True, languages=("de", "nl")))
+    tagged = {s.language for s in result.segments}
+    assert "de" in tagged and tagged <= {"de", "nl"}, tagged  # its English windows are neither, yet one of them
+
+
 def test_initial_prompt_and_hotwords_reach_the_decoder(executor):
     path = corpus("en_librivox_pocketsphinx_0920.wav")
     plain = executor.transcribe(path, TranscribeOptions(language="en")).segments[0].tokens

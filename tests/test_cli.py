@@ -218,6 +218,9 @@ def test_bad_option_values_exit_2():
     assert run_ferrum("transcribe", str(SAMPLE), "-f", "docx").returncode == 2
     assert run_ferrum("transcribe", str(SAMPLE), "--task", "dance").returncode == 2
     assert run_ferrum("transcribe", str(SAMPLE), "--language", "klingon").returncode == 2
+    for languages in (["--languages", "en,klingon"], ["--language", "en", "--languages", "de,fr"]):
+        proc = run_ferrum("transcribe", str(SAMPLE), *languages)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert run_ferrum("transcribe", str(SAMPLE), "--compute", "fp8").returncode == 2
     proc = run_ferrum("transcribe", str(SAMPLE), "--device", "cuda:7")
     assert proc.returncode == 2 and "available: cpu" in proc.stderr

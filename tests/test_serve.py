@@ -416,6 +416,23 @@ def test_options_per_request_do_not_leak_into_others(client):
         assert prompted.result().language == "english" and "Dashwood" in prompted.result().text
 
 
+def test_languages_and_keywords_as_openais_newer_models_take_them(client):
+    """languages[]: detection chooses among them; keywords[]: words to expect, read as hotwords
+    (ahead of any prompt), so alone they read as that prompt would."""
+    with SAMPLE.open("rb") as fh:
+        among = client.audio.transcriptions.create(
+            model="whisper-1", file=fh, languages=["de", "fr"], response_format="verbose_json"
+        )
+    assert among.language in ("german", "french")
+    with SAMPLE.open("rb") as fh:
+        keyed = client.audio.transcriptions.create(model="whisper-1", file=fh, keywords=["Mister Dashwood."]).text
+    with SAMPLE.open("rb") as fh:
+        prompted = client.audio.transcriptions.create(model="whisper-1", file=fh, prompt="Mister Dashwood.").text
+    assert keyed == prompted and "Dashwood" in keyed
+    with SAMPLE.open("rb") as fh, pytest.raises(openai.BadRequestError, match="not both"):
+        client.audio.transcriptions.create(model="whisper-1", file=fh, language="en", languages=["de"])
+
+
 def test_clients_that_go_away_do_not_disturb_the_server(server, client):
     model = b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
     body = model + b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + SAMPLE.read_bytes()

@@ -165,6 +165,14 @@ def transcribe(
             "--language", "-l", help="Language code or name; auto detects it.", rich_help_panel=DECODING_PANEL
         ),
     ] = "auto",
+    languages: Annotated[
+        str | None,
+        typer.Option(
+            "--languages",
+            help="Languages detection may choose from, comma-separated (en,de); for speech known to be one of them.",
+            rich_help_panel=DECODING_PANEL,
+        ),
+    ] = None,
     task: Annotated[
         Task, typer.Option(help="translate: English text.", rich_help_panel=DECODING_PANEL)
     ] = Task.transcribe,
@@ -389,7 +397,7 @@ def options_from(arguments: dict) -> TranscribeOptions:
         min_silence_duration_ms=a.vad_min_silence_ms, speech_pad_ms=a.vad_speech_pad_ms,
     )  # fmt: skip
     options = TranscribeOptions(
-        language=language_code(a.language),
+        language=language_code(a.language), languages=_language_list(a.languages),
         task=a.task.value, multilingual=a.multilingual, beam_size=a.beam_size, best_of=a.best_of,
         patience=a.patience, temperature=temperatures(a.temperature, a.temperature_increment_on_fallback),
         compression_ratio_threshold=a.compression_ratio_threshold, logprob_threshold=a.logprob_threshold,
@@ -439,6 +447,14 @@ def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
 
 def _names(given: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in given.split(",")) if given is not None else ()
+
+
+def _language_list(given: str | None) -> tuple[str, ...]:
+    """--languages: codes or names, each checked as --language's ("auto" and blanks add none)."""
+    from ..languages import language_code
+
+    codes = (language_code(name) for name in given.split(",")) if given is not None else ()
+    return tuple(dict.fromkeys(code for code in codes if code))
 
 
 def _check_live(jobs, vad: bool, sequential: bool, min_speakers: int | None) -> None:

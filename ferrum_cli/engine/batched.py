@@ -24,7 +24,7 @@ from .decoding import pack_decoder_ahead
 from .encoder import encode_windows, plan_compute
 from .fallback import decode_with_fallback, is_loop, is_silence, is_unsure, needs_fallback
 from .interface import EngineEvents, SourceRequest, withdraw
-from .language import detect_language
+from .language import detect_language, window_languages
 from .segments import repeats_the_end, segments_from_tokens
 from .tokenizer import get_tokenizer
 from .words import AlignmentRow, align_batch, place_words, snap_to_speech, typed_words
@@ -295,7 +295,9 @@ class BatchedEngine:
         features = None
         if source.detect_on_read:
             features = encode_windows(self.model, [samples], self.compute.encoder)
-            source.language, source.probability = detect_language(self.model, [samples], features=features)
+            source.language, source.probability = detect_language(
+                self.model, [samples], features=features, among=self.options.languages
+            )
             source.detect_on_read = False
         self._enqueue(source, offset, samples, features)
         return True
@@ -393,7 +395,9 @@ class BatchedEngine:
         samples = [w for _, w in first]
         features = encode_windows(self.model, samples, self.compute.encoder) if first else None
         if given is None and features is not None:
-            source.language, source.probability = detect_language(self.model, samples, features=features)
+            source.language, source.probability = detect_language(
+                self.model, samples, features=features, among=self.options.languages
+            )
         if source.language == "und":
             for _ in source.windows:  # no speech to decode; read on for the duration
                 pass
@@ -450,6 +454,8 @@ class BatchedEngine:
                 window.features = encoded[i : i + 1]
         features = torch.cat([w.features for w in batch])
         languages = None if self.per_window or opts.language else [w.lead.language for w in batch]
+        if self.per_window and opts.languages:  # detected window by window, among those given
+            languages = window_languages(self.model, features, opts.languages)
         unfinished = None
         if opts.vad:
             unfinished = torch.from_numpy(np.stack([speech_after_stamps(w) for w in batch])).to(features.device)

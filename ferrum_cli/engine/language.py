@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,12 +32,38 @@ def probe_windows(windows: list[np.ndarray], count: int = PROBES) -> list[int]:
     return [audible[round(k * (len(audible) - 1) / (count - 1))] for k in range(count)]
 
 
+def most_likely(probabilities: dict[str, float], among: Sequence[str] = ()) -> tuple[str, float]:
+    """(code, probability) of the likeliest language, of those in `among` where it names any: its
+    probability then among them (the user knows it is one of them)."""
+    if not among:
+        language = max(probabilities, key=probabilities.get)
+        return language, probabilities[language]
+    language = max(among, key=lambda code: probabilities.get(code, 0.0))
+    total = sum(probabilities.get(code, 0.0) for code in among)
+    return language, probabilities.get(language, 0.0) / total if total > 0 else 1.0 / len(among)
+
+
+def window_languages(model, features: torch.Tensor, among: Sequence[str]) -> list[str]:
+    """Each encoded window's language ([windows, 1500, width]), one of `among`."""
+    import torch
+
+    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
+    with torch.no_grad():
+        _, probs = model.detect_language(features, tokenizer)
+    return [most_likely(p, among)[0] for p in probs]
+
+
 def detect_language(
-    model, windows: list[np.ndarray], compute: str | None = None, features: torch.Tensor | None = None
+    model,
+    windows: list[np.ndarray],
+    compute: str | None = None,
+    features: torch.Tensor | None = None,
+    among: Sequence[str] = (),
 ) -> tuple[str, float]:
     """(code, probability) from up to three of the windows that hold sound; ('und', 0.0) without any.
 
-    features: the windows already encoded ([windows, 1500, width]), so they are not encoded twice.
+    features: the windows already encoded ([windows, 1500, width]), so they are not encoded twice;
+    among: the languages it may be (most_likely), () for any.
     """
     import torch
 
@@ -53,5 +80,4 @@ def detect_language(
     for p in probs:
         for lang, value in p.items():
             total[lang] = total.get(lang, 0.0) + value / len(probs)
-    language = max(total, key=total.get)
-    return language, total[language]
+    return most_likely(total, among)

@@ -79,7 +79,7 @@ def transcribe_sequential(model, samples: np.ndarray, options: TranscribeOptions
     windows = [samples[a:b] for a, b in spans]
     language, probability = options.language, 1.0
     if language is None:
-        language, probability = detect_language(model, windows)
+        language, probability = detect_language(model, windows, among=options.languages)
     if not windows or language == "und":
         return Transcription("", [], "und", 0.0, duration, used, peak=peak)
     with warnings.catch_warnings(record=True) as caught, seeded_sampling(0):  # its warnings: the input's own

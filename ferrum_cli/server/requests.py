@@ -33,6 +33,8 @@ class TranscriptionRequest:
     stream: bool = False  # server-sent events as segments are decoded
     known_speakers: tuple[KnownSpeaker, ...] = ()  # diarized_json: voices to name where they are heard
     logprobs: bool = False  # include[]=logprobs: each token's log probability, with json
+    languages: tuple[str, ...] = ()  # languages[]: those detection may choose from (no language given)
+    keywords: str | None = None  # keywords[]: words to expect, as hotwords
 
     @classmethod
     def checked(
@@ -40,7 +42,7 @@ class TranscriptionRequest:
         temperature: str | float | None = None, response_format: str | None = None,
         granularities: list[str] | None = None, stream: bool = False, model_required: bool = True,
         known_names: list[str] | None = None, known_references: list[str] | None = None,
-        include: list[str] | None = None,
+        include: list[str] | None = None, languages: list[str] | None = None, keywords: list[str] | None = None,
     ) -> TranscriptionRequest:  # fmt: skip
         """The request, or the APIError (400) of its first bad field."""
         task = (task or "transcribe").strip()
@@ -66,9 +68,20 @@ class TranscriptionRequest:
             code = language_code(language) if language else None
         except UsageError as exc:
             raise APIError.of(exc, "language") from None
+        try:
+            candidates = tuple(dict.fromkeys(c for c in (language_code(name) for name in languages or []) if c))
+        except UsageError as exc:
+            raise APIError.of(exc, "languages") from None
+        if code and candidates:
+            raise APIError(400, "give language, or languages[] for detection to choose from, not both",
+                           param="languages")  # fmt: skip
+        expected = ", ".join(word.strip() for word in keywords or [] if word.strip()) or None
         known = _known_speakers(known_names or [], known_references or [], fmt)
         logprobs = _logprobs(include or [], fmt)
-        return cls(task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream, known, logprobs)
+        return cls(
+            task, model, code, prompt or None, _temperature(temperature), fmt, wanted, stream, known, logprobs,
+            candidates, expected,
+        )  # fmt: skip
 
     def options(self, base: TranscribeOptions) -> TranscribeOptions:
         """base (the server's batch size and compute) with this request's task, language and decoding.
@@ -76,7 +89,8 @@ class TranscriptionRequest:
         words = "word" in self.granularities
         diarize = self.response_format == "diarized_json"
         return replace(
-            base, task=self.task, language=self.language, initial_prompt=self.prompt,
+            base, task=self.task, language=self.language, languages=self.languages, initial_prompt=self.prompt,
+            hotwords=self.keywords,
             temperature=temperatures(self.temperature, FALLBACK_INCREMENT), word_timestamps=words,
             diarize=diarize, speaker_names=SPEAKER_LETTERS if diarize else (), known_speakers=self.known_speakers,
         )  # fmt: skip
@@ -148,11 +162,14 @@ class Upload:
         known_speaker_names: list[str] | None = Form(None, alias="known_speaker_names[]"),
         known_speaker_references: list[str] | None = Form(None, alias="known_speaker_references[]"),
         include: list[str] | None = Form(None, alias="include[]"),
+        languages: list[str] | None = Form(None, alias="languages[]"),
+        keywords: list[str] | None = Form(None, alias="keywords[]"),
     ) -> None:
         self.file = _the_file(file)
         self.request = TranscriptionRequest.checked(
             "transcribe", model, language, prompt, temperature, response_format, timestamp_granularities, stream,
             known_names=known_speaker_names, known_references=known_speaker_references, include=include,
+            languages=languages, keywords=keywords,
         )  # fmt: skip
 
 
