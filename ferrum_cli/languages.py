@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def languages() -> tuple[dict[str, str], dict[str, str]]:
     to_code = {name: code for code, name in names.items()}
     to_code |= {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(aliases.keys, aliases.values) if k is not None}
     return names, to_code
+
+
+def language_codes(given: Iterable[str]) -> tuple[str, ...]:
+    """language_code of each, in order, once each; "auto" and blanks add none."""
+    return tuple(dict.fromkeys(code for code in map(language_code, given) if code))
 
 
 def language_code(language: str) -> str | None:

@@ -388,7 +388,7 @@ def options_from(arguments: dict) -> TranscribeOptions:
     TranscribeOptions, checked as every caller's are."""
     from types import SimpleNamespace
 
-    from ..languages import language_code
+    from ..languages import language_code, language_codes
     from ..options import TranscribeOptions, VadOptions
 
     a = SimpleNamespace(**arguments)
@@ -397,7 +397,7 @@ def options_from(arguments: dict) -> TranscribeOptions:
         min_silence_duration_ms=a.vad_min_silence_ms, speech_pad_ms=a.vad_speech_pad_ms,
     )  # fmt: skip
     options = TranscribeOptions(
-        language=language_code(a.language), languages=_language_list(a.languages),
+        language=language_code(a.language), languages=language_codes((a.languages or "").split(",")),
         task=a.task.value, multilingual=a.multilingual, beam_size=a.beam_size, best_of=a.best_of,
         patience=a.patience, temperature=temperatures(a.temperature, a.temperature_increment_on_fallback),
         compression_ratio_threshold=a.compression_ratio_threshold, logprob_threshold=a.logprob_threshold,
@@ -447,14 +447,6 @@ def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
 
 def _names(given: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in given.split(",")) if given is not None else ()
-
-
-def _language_list(given: str | None) -> tuple[str, ...]:
-    """--languages: codes or names, each checked as --language's ("auto" and blanks add none)."""
-    from ..languages import language_code
-
-    codes = (language_code(name) for name in given.split(",")) if given is not None else ()
-    return tuple(dict.fromkeys(code for code in codes if code))
 
 
 def _check_live(jobs, vad: bool, sequential: bool, min_speakers: int | None) -> None:

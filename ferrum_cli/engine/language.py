@@ -43,14 +43,18 @@ def most_likely(probabilities: dict[str, float], among: Sequence[str] = ()) -> t
     return language, probabilities.get(language, 0.0) / total if total > 0 else 1.0 / len(among)
 
 
-def window_languages(model, features: torch.Tensor, among: Sequence[str]) -> list[str]:
-    """Each encoded window's language ([windows, 1500, width]), one of `among`."""
+def _probabilities(model, features: torch.Tensor) -> list[dict[str, float]]:
+    """Whisper's language probabilities of each encoded window ([windows, 1500, width])."""
     import torch
 
     tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
     with torch.no_grad():
-        _, probs = model.detect_language(features, tokenizer)
-    return [most_likely(p, among)[0] for p in probs]
+        return model.detect_language(features, tokenizer)[1]
+
+
+def window_languages(model, features: torch.Tensor, among: Sequence[str]) -> list[str]:
+    """Each encoded window's language ([windows, 1500, width]), one of `among`."""
+    return [most_likely(p, among)[0] for p in _probabilities(model, features)]
 
 
 def detect_language(
@@ -65,17 +69,13 @@ def detect_language(
     features: the windows already encoded ([windows, 1500, width]), so they are not encoded twice;
     among: the languages it may be (most_likely), () for any.
     """
-    import torch
-
     if not model.is_multilingual:
         return "en", 1.0
     chosen = probe_windows(windows)
     if not chosen:
         return "und", 0.0
     probes = features[chosen] if features is not None else encode_windows(model, [windows[i] for i in chosen], compute)
-    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
-    with torch.no_grad():
-        _, probs = model.detect_language(probes, tokenizer)
+    probs = _probabilities(model, probes)
     total: dict[str, float] = {}
     for p in probs:
         for lang, value in p.items():

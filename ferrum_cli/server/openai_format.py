@@ -92,18 +92,19 @@ def word_objects(result: Transcription) -> list[dict]:
 
 
 @lru_cache(maxsize=2)
-def _encoding(multilingual: bool):
+def token_encoding(multilingual: bool):
+    """The model's tiktoken encoding, which names each token's bytes for logprob_objects."""
     from whisper.tokenizer import get_encoding
 
     return get_encoding("multilingual" if multilingual else "gpt2")
 
 
-def logprob_objects(segments: list[Segment], multilingual: bool) -> list[dict] | None:
+def logprob_objects(segments: list[Segment], encoding) -> list[dict] | None:
     """OpenAI's Logprob for each text token: its text, its bytes (a character can span tokens),
     its log probability as decoded. None where a segment's decoding kept none (beam search)."""
     if any(s.token_logprobs is None for s in segments):
         return None
-    encoding, found = _encoding(multilingual), []
+    found = []
     for segment in segments:
         for token, logprob in zip(segment.tokens, segment.token_logprobs):
             raw = encoding.decode_single_token_bytes(token)
@@ -112,14 +113,14 @@ def logprob_objects(segments: list[Segment], multilingual: bool) -> list[dict] |
 
 
 def response_body(
-    result: Transcription, fmt: str, task: str, granularities: tuple[str, ...], logprobs: bool | None = None
+    result: Transcription, fmt: str, task: str, granularities: tuple[str, ...], logprobs_encoding=None
 ) -> tuple[str, str]:
-    """(body, media type) of a finished transcription in one of RESPONSE_FORMATS. logprobs: the
-    model is multilingual (its tokens' bytes), where include[]=logprobs asked for them (json)."""
+    """(body, media type) of a finished transcription in one of RESPONSE_FORMATS.
+    logprobs_encoding: the model's token_encoding where include[]=logprobs asked for them (json)."""
     if fmt == "json":
         body = {"text": result.text}
-        if logprobs is not None:
-            body["logprobs"] = logprob_objects(result.segments, logprobs)
+        if logprobs_encoding is not None:
+            body["logprobs"] = logprob_objects(result.segments, logprobs_encoding)
         body["usage"] = {"type": "duration", "seconds": round(result.duration, 3)}
         body = strict_json(body)
     elif fmt == "text":
@@ -158,18 +159,18 @@ def sse(event: dict, name: str | None = None) -> str:
     return f"{head}data: {strict_json(event)}\n\n"
 
 
-def delta_event(segment: Segment, first: bool, logprobs: bool | None = None) -> str:
-    """The text the segment adds; the deltas joined are the done event's text. logprobs: as
-    response_body's."""
+def delta_event(segment: Segment, first: bool, logprobs_encoding=None) -> str:
+    """The text the segment adds; the deltas joined are the done event's text.
+    logprobs_encoding: as response_body's."""
     text = segment.text.lstrip() if first else segment.text
     event = {"type": "transcript.text.delta", "delta": text}
-    if logprobs is not None:
-        event["logprobs"] = logprob_objects([segment], logprobs)
+    if logprobs_encoding is not None:
+        event["logprobs"] = logprob_objects([segment], logprobs_encoding)
     return sse(event)
 
 
-def done_event(result: Transcription, logprobs: bool | None = None) -> str:
+def done_event(result: Transcription, logprobs_encoding=None) -> str:
     event = {"type": "transcript.text.done", "text": result.text}
-    if logprobs is not None:
-        event["logprobs"] = logprob_objects(result.segments, logprobs)
+    if logprobs_encoding is not None:
+        event["logprobs"] = logprob_objects(result.segments, logprobs_encoding)
     return sse(event)

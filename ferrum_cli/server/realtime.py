@@ -25,7 +25,7 @@ from ..options import TranscribeOptions
 from ..results import Transcription
 from ..writers import strict_json
 from .job import Job
-from .openai_format import APIError, logprob_objects
+from .openai_format import APIError, logprob_objects, token_encoding
 from .realtime_config import RealtimeError, SessionConfig
 from .requests import TranscriptionRequest
 
@@ -251,7 +251,7 @@ class RealtimeSession:
         """The session's include asks for each token's log probability: {"logprobs": [...]}, else {}."""
         if LOGPROBS not in self.config.include:
             return {}
-        return {"logprobs": logprob_objects(segments, self.server.multilingual)}
+        return {"logprobs": logprob_objects(segments, token_encoding(self.server.multilingual))}
 
     async def _deliver_events(self, item: str, job: Job, samples: int) -> None:
         first = True

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from fastapi import File, Form, UploadFile
 
 from ..errors import UsageError
-from ..languages import language_code
+from ..languages import language_code, language_codes
 from ..options import FALLBACK_INCREMENT, KnownSpeaker, TranscribeOptions, temperatures
 from .openai_format import GRANULARITIES, INCLUDES, RESPONSE_FORMATS, SPEAKER_LETTERS, APIError
 
@@ -69,7 +69,7 @@ class TranscriptionRequest:
         except UsageError as exc:
             raise APIError.of(exc, "language") from None
         try:
-            candidates = tuple(dict.fromkeys(c for c in (language_code(name) for name in languages or []) if c))
+            candidates = language_codes(languages or [])
         except UsageError as exc:
             raise APIError.of(exc, "languages") from None
         if code and candidates:

@@ -23,7 +23,7 @@ from ..options import TranscribeOptions
 from ..results import Transcription
 from .job import Job
 from .metrics import ServerMetrics
-from .openai_format import APIError, delta_event, diarized_segment, done_event, response_body, sse
+from .openai_format import APIError, delta_event, diarized_segment, done_event, response_body, sse, token_encoding
 from .requests import TranscriptionRequest, Upload
 from .uploads import decode_upload
 
@@ -153,8 +153,8 @@ class Server:
             if self.on_fatal:
                 self.on_fatal(exc)
             return
-        self.executor, self.model_name = executor, executor.info()["name"]
-        self.multilingual = executor.info()["multilingual"]  # which tokenizer's bytes logprobs name
+        info = executor.info()
+        self.executor, self.model_name, self.multilingual = executor, info["name"], info["multilingual"]
         self.service = executor.serve(self.settings.share_batches, self._batch_done)
         self.service.on_fatal = self._engine_stopped
         self.state = "ready"
@@ -247,9 +247,14 @@ class Server:
         if isinstance(result, FerrumError):
             raise APIError.of(result, "file")
         self._transcribed(result, name)
-        logprobs = self.multilingual if asked.logprobs else None
-        body, media_type = response_body(result, asked.response_format, asked.task, asked.granularities, logprobs)
+        body, media_type = response_body(
+            result, asked.response_format, asked.task, asked.granularities, self.logprobs_encoding(asked)
+        )
         return Response(body, media_type=media_type)
+
+    def logprobs_encoding(self, asked: TranscriptionRequest):
+        """The model's token encoding where the request asked for logprobs (include[]), else None."""
+        return token_encoding(self.multilingual) if asked.logprobs else None
 
     def _transcribed(self, result: Transcription, name: str) -> None:
         """A result about to be answered: counted, and its warnings (a truncated upload, a stream
@@ -280,8 +285,7 @@ class Server:
     ):
         """Server-sent events: a delta per segment as it is decoded (diarized: a segment event with
         its speaker, once the speakers are known), then done (or an error)."""
-        diarized = asked.response_format == "diarized_json"
-        logprobs = self.multilingual if asked.logprobs else None
+        diarized, logprobs = asked.response_format == "diarized_json", self.logprobs_encoding(asked)
         finished, transcribed = False, False
         try:
             first = True
