@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI sta
     import torch
 
 SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
-MEASURE_VERSION = 3  # of the remembered timing; 2: attention as the encoder runs it; 3: int8 measured too
+MEASURE_VERSION = 4  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -100,7 +100,10 @@ def cpu_path() -> dict:
     encoder = cpu_auto_compute()
     measured = [c for c in _auto_candidates() if c != "float32"]
     if encoder != "float32":
-        why = f"{encoder} products measured the fastest on this {best} CPU, at least {SPEEDUP_NEEDED}x float32"
+        why = (
+            f"{encoder} products measured the fastest on this {best} CPU, at least {SPEEDUP_NEEDED}x "
+            "float32 and any more exact path"
+        )
     elif measured:
         why = f"{' and '.join(measured)} products were not {SPEEDUP_NEEDED}x float32 on this {best} CPU"
     else:
@@ -124,8 +127,9 @@ def cpu_path() -> dict:
 
 def _fastest(candidates: list[str]) -> str:
     """The candidate in which one encoder block of base (1500 frames, width 512) runs the fastest,
-    as the encoder runs it, best of interleaved rounds (a slow spell hits all); another than
-    float32 only when at least SPEEDUP_NEEDED times faster."""
+    as the encoder runs it, best of interleaved rounds (a slow spell hits all). candidates go
+    from the most exact; each is taken only when SPEEDUP_NEEDED times faster than the one chosen
+    before it, so that two paths of about one speed (bfloat16 and int8) do not swap run to run."""
     import time
 
     import torch
@@ -146,8 +150,11 @@ def _fastest(candidates: list[str]) -> str:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == "bfloat16"):
                     blocks[compute](x)
                 best[compute] = min(best[compute], time.perf_counter() - start)
-    fastest = min(best, key=best.get)
-    return fastest if best["float32"] > SPEEDUP_NEEDED * best[fastest] else "float32"
+    chosen = "float32"
+    for compute in candidates:  # from the most exact: each rounds more, so it must be clearly faster
+        if best[chosen] > SPEEDUP_NEEDED * best[compute]:
+            chosen = compute
+    return chosen
 
 
 def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:
