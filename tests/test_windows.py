@@ -141,6 +141,41 @@ def test_the_vad_read_on_several_threads_finds_the_speech_one_thread_finds_and_k
     assert started_later == [before]
 
 
+
+@needs_corpus
+def test_digital_silence_costs_the_vad_nothing_and_the_speech_around_it_is_found_as_before(monkeypatch):
+    """Streams of the VAD that read only zeros (a muted microphone, a padded recording) are not
+    stepped through Silero and read as no speech; every other stream's probabilities, and so the
+    speech found, are those of a pass that steps them all (which reads the zeros as under 0.01)."""
+    import torch
+
+    from ferrum_cli.audio import vad
+
+    speech = decode_file(corpus(JFK)).samples
+    silence = np.zeros(60 * SAMPLE_RATE, np.float32)
+    audio = np.concatenate([silence, speech, silence, speech * 0.01, silence])
+    stepped: list[int] = []
+    step = vad._step_streams
+
+    def counted(reader, frames, index, *rest):
+        stepped.append(len(index))
+        step(reader, frames, index, *rest)
+
+    monkeypatch.setattr(vad, "_step_streams", counted)
+    skipping = vad.speech_probabilities(audio)
+    skipping_rows = sum(stepped)
+    stepped.clear()
+    monkeypatch.setattr(vad, "_streams_with_sound", lambda frames, index: torch.arange(index.shape[0]))
+    every = vad.speech_probabilities(audio)
+    assert 0 < skipping_rows < sum(stepped) / 4, (skipping_rows, sum(stepped))
+    skipped = skipping == 0.0
+    assert skipped.mean() > 0.75 and every[skipped].max() < 0.01
+    assert np.abs(every[~skipped] - skipping[~skipped]).max() < 1e-4
+    regions = vad.regions_from_probabilities(skipping.tolist(), len(audio), VadOptions())
+    assert regions == vad.regions_from_probabilities(every.tolist(), len(audio), VadOptions())
+    assert len(regions) == 2 and regions[0][0] >= len(silence) - SAMPLE_RATE // 2
+
+
 @needs_corpus
 def test_speech_that_begins_seconds_into_a_short_input_is_dated_where_it_begins_and_read_as_without(executor):
     """1.5 s and 6 s of silence before each English clip under 24 s. Read from its first sample,

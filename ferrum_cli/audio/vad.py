@@ -99,7 +99,30 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128, read
             for _, count, per, start in layouts
         ]
     )
-    out = torch.empty(index.shape[0], steps)
+    out = torch.zeros(index.shape[0], steps)
+    heard = _streams_with_sound(frames, index)
+    if len(heard):
+        out[heard] = _stepped(frames, index[heard], readers)
+    row = 0
+    for i, (n_frames, count, per, _) in zip(audible, layouts):
+        results[i] = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per].reshape(-1)[:n_frames].numpy()
+        row += count
+    return results
+
+
+def _streams_with_sound(frames, index):
+    """The streams that read anything but zeros. One of digital silence, warm-up and all, is no
+    speech (Silero reads it as under 0.01): a muted microphone or a padded recording costs nothing."""
+    import torch
+
+    return torch.nonzero((frames != 0).any(dim=1)[index].any(dim=1)).view(-1)
+
+
+def _stepped(frames, index, readers: int):
+    """Silero's probability at each (stream, step) of index, the streams shared out among readers."""
+    import torch
+
+    out = torch.empty(index.shape)
     threads = torch.get_num_threads()
     readers = max(1, min(readers or threads, MAX_READERS, index.shape[0]))
     edges = [index.shape[0] * k // readers for k in range(readers + 1)]
@@ -114,11 +137,7 @@ def speech_probabilities_many(inputs: list[np.ndarray], streams: int = 128, read
             wait(helpers)  # none still steps its model once the lock is let go, even after an error
         for helper in helpers:
             helper.result()
-    row = 0
-    for i, (n_frames, count, per, _) in zip(audible, layouts):
-        results[i] = out[row : row + count, WARMUP_FRAMES : WARMUP_FRAMES + per].reshape(-1)[:n_frames].numpy()
-        row += count
-    return results
+    return out
 
 
 def _step_streams(reader: int, frames, index, out, threads: int) -> None:
