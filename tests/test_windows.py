@@ -141,7 +141,6 @@ def test_the_vad_read_on_several_threads_finds_the_speech_one_thread_finds_and_k
     assert started_later == [before]
 
 
-
 @needs_corpus
 def test_digital_silence_costs_the_vad_nothing_and_the_speech_around_it_is_found_as_before(monkeypatch):
     """Streams of the VAD that read only zeros (a muted microphone, a padded recording) are not
