@@ -124,6 +124,65 @@ def test_truncated_audio_transcribes_what_decodes_and_warns(tmp_path, fmt, cut):
     assert "warning:" in proc.stderr and "cut." in proc.stderr
 
 
+def _stereo_wav(frames: np.ndarray) -> bytes:
+    """16 kHz 16-bit WAV of float frames [samples, 2]."""
+    import io
+    import wave
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(2), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((np.clip(frames, -1, 1) * 32767).astype(np.int16).tobytes())
+    return buffer.getvalue()
+
+
+def _extensible(mono_wav: bytes) -> bytes:
+    """The same samples under a WAVE_FORMAT_EXTENSIBLE header (PCM sub-format), as some recorders write."""
+    import struct
+
+    fmt = struct.pack("<HHIIHH", 0xFFFE, 1, 16000, 32000, 2, 16)
+    guid = struct.pack("<H", 1) + bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_PCM
+    fmt += struct.pack("<HHI", 22, 16, 4) + guid  # cbSize, valid bits, channel mask (front centre)
+    data = mono_wav[mono_wav.index(b"data") :]
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", 4) + b"INFO" + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_a_wav_whisper_reads_as_it_is_skips_ffmpeg_and_gives_its_samples_to_the_bit(tmp_path):
+    """16 kHz 16-bit PCM WAV (most speech corpora, our own recordings) is read without starting
+    ffmpeg, with the samples ffmpeg would give, so the text is the same; with ffmpeg missing it
+    still transcribes. Any other WAV still goes to ffmpeg. One cut short is read as far as it
+    goes and says so, which ffmpeg's reading of it did not."""
+    from ferrum_cli.audio.ffmpeg import AudioStream, decode_file
+
+    speech = corpus(SHORT).read_bytes()
+    samples = decode_file(corpus(SHORT)).samples
+    files = {
+        "corpus.wav": speech,
+        "extensible.wav": _extensible(speech),
+        "stereo.wav": _stereo_wav(np.stack([samples, -samples * 0.5], axis=1)),  # one channel inverted
+        "8khz.wav": wav_bytes(samples[::2], sample_rate=8000),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        stream = AudioStream(tmp_path / name)
+        assert (stream.wav is not None) == (name != "8khz.wav"), name
+        read = np.concatenate(list(stream))
+        assert read.dtype == np.float32 and np.array_equal(read, decode_file(tmp_path / name).samples), name
+
+    no_ffmpeg = {**os.environ, "FERRUM_FFMPEG": str(tmp_path / "no-ffmpeg")}
+    proc = run_ferrum("transcribe", *(str(tmp_path / n) for n in files), "--language", "en", env=no_ffmpeg)
+    assert proc.returncode == 1 and proc.stdout.lower().count("experience proves this") == 3, proc.stderr
+    assert _one_error(proc, "8khz.wav").endswith("is not an executable file")
+
+    cut = tmp_path / "cut.wav"
+    whole = wav_bytes(decode_file(corpus(JFK)).samples)
+    cut.write_bytes(whole[: len(whole) // 2])  # the header still declares all 11 s
+    proc = run_ferrum("transcribe", str(cut), "--language", "en", env=no_ffmpeg)
+    assert proc.returncode == 0 and "and so my fellow americans" in words(proc.stdout), proc.stderr
+    assert "cut.wav: truncated input (decoded 5.5 s of 11.0 s)" in proc.stderr, proc.stderr
+
+
 def test_a_video_whose_picture_outlasts_its_sound_is_not_called_truncated(tmp_path):
     """The container's duration is the longer track's: 11 s of speech under 20 s of picture is
     the whole sound, where a cut file is not (above)."""
@@ -355,20 +414,22 @@ def test_audio_is_streamed_and_windows_are_planned_with_bounded_look_ahead(tmp_p
     assert consumed[0] >= 3500 * SAMPLE_RATE
 
 
-def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same():
+def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same(tmp_path):
     """The CLI starts ffmpeg for the first inputs before the model loads. A clip of up to 16 s
     decodes whole into the pipe with nobody reading, and reads back sample for sample."""
     from ferrum_cli.audio.ffmpeg import stream_file
 
-    started = stream_file(SAMPLE).start()
+    flac = tmp_path / "sample.flac"  # a WAV that Whisper reads as it is would not start ffmpeg
+    _ffmpeg("-i", str(SAMPLE), str(flac))
+    started = stream_file(flac).start()
     started._started.wait(timeout=60)  # it would block on a full pipe, and time out, if the pipe were not wide enough
-    assert np.array_equal(np.concatenate(list(started)), np.concatenate(list(stream_file(SAMPLE))))
+    assert np.array_equal(np.concatenate(list(started)), np.concatenate(list(stream_file(flac))))
 
 
 def test_a_started_stream_left_unread_is_stopped(tmp_path):
     from ferrum_cli.audio.ffmpeg import stream_file
 
-    long = tmp_path / "two_minutes.wav"
+    long = tmp_path / "two_minutes.flac"
     _ffmpeg("-stream_loop", "10", "-i", str(corpus(JFK)), "-ac", "1", "-ar", "16000", str(long))
     stream = stream_file(long).start()
     ffmpeg = stream._started

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import AudioDecodeError, FFmpegNotFoundError, InputError
 from .constants import SAMPLE_RATE
+from .wav import plain_wav, read_plain_wav
 
 
 @dataclass(frozen=True)
@@ -346,9 +347,11 @@ class AudioStream:
         self.chunk_bytes = int((LIVE_CHUNK_SECONDS if live else chunk_seconds) * SAMPLE_RATE) * 4
         self.warnings: list[str] = []
         self._started: subprocess.Popen | None = None
+        local = not (live or input_format or self.source == "pipe:0" or is_url(self.source))
+        self.wav = plain_wav(self.source) if local else None  # a WAV Whisper can read as it is: no ffmpeg
 
     def start(self) -> AudioStream:
-        if self._started is None:
+        if self._started is None and self.wav is None:
             self._started = self._spawn()
         return self
 
@@ -374,6 +377,11 @@ class AudioStream:
         return proc
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        if self.wav is not None:
+            for frames in read_plain_wav(self.source, self.wav, self.chunk_bytes // 4):
+                yield to_mono(frames, self.wav.channels)
+            self.warnings = [w for w in [self.wav.truncated()] if w]
+            return
         proc, self._started = self._started or self._spawn(), None
         stderr_parts: list[bytes] = []
         # drain stderr on the side: a damaged long file can fill the pipe and stall ffmpeg
@@ -423,11 +431,11 @@ def read_wav_header(stream: BinaryIO) -> int:
     return 0
 
 
-def to_mono(data: bytes, channels: int) -> np.ndarray:
-    """float32 mono from interleaved float32 frames. Two channels are mixed as ffmpeg's -ac 1 mixes
-    them (each times 1/sqrt 2); where that mix cancels (one channel inverted), the louder channel
-    is kept instead, so that speech is not lost as silence."""
-    frames = np.frombuffer(data, np.float32).reshape(-1, channels)
+def to_mono(data: bytes | np.ndarray, channels: int) -> np.ndarray:
+    """float32 mono from interleaved float32 frames (bytes, or an array). Two channels are mixed as
+    ffmpeg's -ac 1 mixes them (each times 1/sqrt 2); where that mix cancels (one channel
+    inverted), the louder channel is kept instead, so that speech is not lost as silence."""
+    frames = (np.frombuffer(data, np.float32) if isinstance(data, bytes) else data).reshape(-1, channels)
     if channels == 1:
         return frames[:, 0].copy()
     left, right = frames[:, 0], frames[:, 1]
