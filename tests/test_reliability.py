@@ -136,13 +136,13 @@ def _stereo_wav(frames: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _extensible(mono_wav: bytes) -> bytes:
+def _extensible(mono_wav: bytes, speakers: int = 0x4) -> bytes:
     """The same samples under a WAVE_FORMAT_EXTENSIBLE header (PCM sub-format), as some recorders write."""
     import struct
 
     fmt = struct.pack("<HHIIHH", 0xFFFE, 1, 16000, 32000, 2, 16)
     guid = struct.pack("<H", 1) + bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_PCM
-    fmt += struct.pack("<HHI", 22, 16, 4) + guid  # cbSize, valid bits, channel mask (front centre)
+    fmt += struct.pack("<HHI", 22, 16, speakers) + guid  # cbSize, valid bits, channel mask (front centre)
     data = mono_wav[mono_wav.index(b"data") :]
     body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", 4) + b"INFO" + data
     return b"RIFF" + struct.pack("<I", len(body)) + body
@@ -162,16 +162,18 @@ def test_a_wav_whisper_reads_as_it_is_skips_ffmpeg_and_gives_its_samples_to_the_
         "extensible.wav": _extensible(speech),
         "stereo.wav": _stereo_wav(np.stack([samples, -samples * 0.5], axis=1)),  # one channel inverted
         "8khz.wav": wav_bytes(samples[::2], sample_rate=8000),
+        "low-frequency.wav": _extensible(speech, speakers=0x8),  # ffmpeg's to read as it sees fit
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
         stream = AudioStream(tmp_path / name)
-        assert (stream.wav is not None) == (name != "8khz.wav"), name
+        assert (stream.wav is not None) == (name not in ("8khz.wav", "low-frequency.wav")), name
         read = np.concatenate(list(stream))
         assert read.dtype == np.float32 and np.array_equal(read, decode_file(tmp_path / name).samples), name
 
     no_ffmpeg = {**os.environ, "FERRUM_FFMPEG": str(tmp_path / "no-ffmpeg")}
-    proc = run_ferrum("transcribe", *(str(tmp_path / n) for n in files), "--language", "en", env=no_ffmpeg)
+    plain = [str(tmp_path / n) for n in files if n != "low-frequency.wav"]
+    proc = run_ferrum("transcribe", *plain, "--language", "en", env=no_ffmpeg)
     assert proc.returncode == 1 and proc.stdout.lower().count("experience proves this") == 3, proc.stderr
     assert _one_error(proc, "8khz.wav").endswith("is not an executable file")
 

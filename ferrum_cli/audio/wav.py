@@ -20,6 +20,7 @@ PCM = 1
 EXTENSIBLE = 0xFFFE  # WAVE_FORMAT_EXTENSIBLE: the format is the first two bytes of its sub-format GUID
 UNWRITTEN = 0xFFFFFFFF  # the data size of a WAV written to a pipe: the samples run to the end
 GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # the rest of KSDATAFORMAT_SUBTYPE_PCM's GUID
+PLAIN_MASKS = {1: 0x4, 2: 0x3}  # front centre; front left and right
 SCALE = np.float32(1 / 32768)
 
 
@@ -76,10 +77,12 @@ def _plain_channels(fmt: bytes) -> int | None:
     if len(fmt) < 16:
         return None
     tag, channels, rate, byte_rate, block_align, bits = struct.unpack("<HHIIHH", fmt[:16])
-    if tag == EXTENSIBLE:
+    if tag == EXTENSIBLE:  # taken with all 16 bits valid and the usual speakers, which ffmpeg reads as they are
         if len(fmt) < 40 or fmt[26:40] != GUID_TAIL:
             return None
-        tag = struct.unpack("<H", fmt[24:26])[0]
+        valid_bits, mask, tag = struct.unpack("<HIH", fmt[18:26])
+        if valid_bits != 16 or mask != PLAIN_MASKS.get(channels):
+            return None
     plain = tag == PCM and bits == 16 and rate == SAMPLE_RATE and channels in (1, 2)
     if not plain or block_align != 2 * channels or byte_rate != SAMPLE_RATE * block_align:
         return None
