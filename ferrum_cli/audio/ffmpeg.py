@@ -378,9 +378,14 @@ class AudioStream:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         if self.wav is not None:
+            read = 0
             for frames in read_plain_wav(self.source, self.wav, self.chunk_bytes // 4):
+                read += len(frames)
                 yield to_mono(frames, self.wav.channels)
-            self.warnings = [w for w in [self.wav.truncated()] if w]
+            # judged as ffmpeg's output is: against the length the header declares
+            self.warnings = FFmpegLog([], self.wav.declared_frames / SAMPLE_RATE).warnings(
+                read / SAMPLE_RATE, self.source
+            )
             return
         proc, self._started = self._started or self._spawn(), None
         stderr_parts: list[bytes] = []

@@ -33,14 +33,6 @@ class PlainWav:
     channels: int  # 1 or 2
     declared_frames: int  # as many as the header says: more than `frames` in a file cut short
 
-    def truncated(self) -> str | None:
-        """A warning for a file that holds over a second less than its header declares."""
-        if self.declared_frames - self.frames <= SAMPLE_RATE:
-            return None
-        return (
-            f"truncated input (decoded {self.frames / SAMPLE_RATE:.1f} s of {self.declared_frames / SAMPLE_RATE:.1f} s)"
-        )
-
 
 def plain_wav(path: str | os.PathLike[str]) -> PlainWav | None:
     """The layout of a file that is a 16 kHz 16-bit PCM WAV of one or two channels with a data
