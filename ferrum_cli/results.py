@@ -31,9 +31,9 @@ class Segment:
     end: float
     text: str  # with Whisper's leading space
     tokens: list[int]  # the text's tokens
-    avg_logprob: float  # of the window the segment came from
+    avg_logprob: float  # of the window the segment came from; of the input's own tokens where it was packed
     no_speech_prob: float
-    compression_ratio: float
+    compression_ratio: float  # of the window's text; of the input's own text where it was packed
     temperature: float  # the temperature the window was decoded at
     words: list[Word] | None = None  # with --word-timestamps
     language: str | None = None  # with --multilingual: the language of its window

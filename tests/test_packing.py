@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from ferrum_cli.audio.ffmpeg import decode_file
@@ -53,6 +54,37 @@ def test_packed_clips_keep_their_own_words_and_read_no_worse_than_alone(executor
     assert errors["packed"] <= errors["alone"], errors
 
 
+def noisy(samples: np.ndarray, snr_db: float) -> np.ndarray:
+    """The samples under white noise (a fixed seed) at snr_db below their mean power."""
+    noise = np.random.default_rng(0).standard_normal(len(samples)).astype(np.float32)
+    noise *= np.sqrt(np.mean(samples**2) / np.mean(noise**2) / 10 ** (snr_db / 10))
+    return (samples + noise).astype(np.float32)
+
+
+@needs_corpus
+def test_an_input_whisper_is_unsure_of_when_packed_is_read_alone_and_the_rest_stay_packed(executor):
+    """The inputs before a packed one are context its words are read in. Where Whisper is unsure
+    of an input's own words (their mean log probability under -0.5), it is read again in a window
+    of its own and gets the text it gets alone; the inputs it was packed with keep their windows,
+    and each packed input's segments give its own tokens' mean log probability, not the window's."""
+    paths = [
+        next(r["path"] for r in ENGLISH if r["file"].startswith(name))
+        for name in ("en_jfk", "en_harvard", "en_librispeech_4507")
+    ]
+    inputs = [decode_file(path).samples for path in paths]
+    inputs[1] = noisy(inputs[1], snr_db=10)  # a quiet clip under hiss: Whisper guesses at its words
+    options = TranscribeOptions(language="en")
+    alone = executor.transcribe(inputs[1], options)
+    results = dict(executor.transcribe_many(list(enumerate(inputs)), options))
+    assert not results[1].options.get("packed")
+    assert results[1].text == alone.text
+    for i in (0, 2):
+        assert results[i].options.get("packed"), i
+        for segment in results[i].segments:
+            own = [value for s in results[i].segments for value in s.token_logprobs]
+            assert segment.avg_logprob == pytest.approx(sum(own) / len(own)) and segment.avg_logprob >= -0.5
+
+
 @needs_corpus
 def test_packed_words_are_timed_within_their_own_clip(executor):
     clips = [r["path"] for r in ENGLISH[:6]]
@@ -74,12 +106,13 @@ def test_packed_words_are_timed_within_their_own_clip(executor):
 @needs_corpus
 @pytest.mark.parametrize("pack", [True, False])
 def test_the_cli_packs_short_files_unless_told_not_to(tmp_path, pack):
-    """--no-pack-short reads each file alone: its text is the one `ferrum transcribe` gives it by itself."""
-    clips = [r["path"] for r in ENGLISH[1:4]]
+    """--no-pack-short reads each file alone: its text is the one `ferrum transcribe` gives it by itself.
+    The files are read by Whisper with confidence, so that packed they all stay packed."""
+    clips = [r["path"] for r in ENGLISH[2:5]]
     flag = [] if pack else ["--no-pack-short"]
     proc = run_ferrum("transcribe", *clips, "--language", "en", "-f", "json", "-o", str(tmp_path), *flag)
     assert proc.returncode == 0, proc.stderr
-    docs = [json.loads((tmp_path / (r["file"].rsplit(".", 1)[0] + ".json")).read_text()) for r in ENGLISH[1:4]]
+    docs = [json.loads((tmp_path / (r["file"].rsplit(".", 1)[0] + ".json")).read_text()) for r in ENGLISH[2:5]]
     assert all(doc["options"].get("packed", False) is pack for doc in docs)
     if not pack:
         alone = run_ferrum("transcribe", clips[1], "--language", "en", "-f", "txt")

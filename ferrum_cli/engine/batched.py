@@ -37,6 +37,7 @@ GO_ON_SPEECH = 2 * SAMPLE_RATE  # speech left after a timestamp at which end-of-
 TAIL_SPEECH = SAMPLE_RATE // 2  # speech that makes the rest of an early-ended window worth a second look
 HOP_LENGTH = SAMPLE_RATE // 100  # samples per mel frame
 STRADDLE = SAMPLE_RATE // 5  # speech of a second packed input under a segment that makes it theirs too
+PACKED_SURE_LOGPROB = -0.5  # a packed input's own tokens' mean log probability under which it is decoded alone
 
 
 class CountedChunks:
@@ -528,7 +529,9 @@ class BatchedEngine:
                 continue
             mine = [piece for piece, owner in zip(pieces, owners) if owner == k]
             view = alone(window, part)
-            if k in redo or not mine or self._loops(mine):
+            if mine:
+                self._score_own(mine)
+            if k in redo or not mine or self._loops(mine) or self._unsure_of(mine):
                 again.append(view)
                 continue
             duration = part.length / SAMPLE_RATE
@@ -561,12 +564,34 @@ class BatchedEngine:
             if not window.parts:  # a packed window's words are fitted once split
                 self._fit_words(pieces, window.source)
 
-    def _loops(self, pieces: list[Segment]) -> bool:
-        """Whether an input's own text from a packed window is a loop (fallback.is_loop)."""
+    @staticmethod
+    def _score_own(pieces: list[Segment]) -> None:
+        """An input's segments from a packed window take the compression ratio of its own text and
+        the mean log probability of its own tokens (where decoding kept them; not beam search),
+        not the whole window's: they are what it is judged by."""
         from whisper.utils import compression_ratio
 
+        ratio = compression_ratio("".join(piece.text for piece in pieces).strip())
+        logprobs = [value for piece in pieces for value in piece.token_logprobs or ()]
+        known = logprobs and all(piece.token_logprobs is not None for piece in pieces)
+        for piece in pieces:
+            piece.compression_ratio = ratio
+            if known:
+                piece.avg_logprob = sum(logprobs) / len(logprobs)
+
+    def _loops(self, pieces: list[Segment]) -> bool:
+        """Whether an input's own text from a packed window is a loop (fallback.is_loop)."""
         tokens = [token for piece in pieces for token in piece.tokens]
-        return is_loop(tokens, compression_ratio("".join(piece.text for piece in pieces).strip()), self.decoding)
+        return is_loop(tokens, pieces[0].compression_ratio, self.decoding)
+
+    @staticmethod
+    def _unsure_of(pieces: list[Segment]) -> bool:
+        """Whether Whisper read a packed input's own tokens (_score_own) with a mean log probability
+        under PACKED_SURE_LOGPROB. The inputs before it in the window are context its words are read
+        in: where Whisper is sure of them that context hardly matters, where it is unsure it can tip
+        them, so such an input is read again in a window of its own, as it is without packing. Beam
+        search keeps no token log probabilities: there, the window's mean judges each of its inputs."""
+        return pieces[0].avg_logprob < PACKED_SURE_LOGPROB
 
     def _fit_words(self, pieces: list[Segment], source: Source) -> None:
         if self.options.vad:
