@@ -169,6 +169,18 @@ def test_mutated_model_bin_is_read_or_refused_with_a_typed_error(data):
         pass
 
 
+def test_an_empty_variable_with_a_shape_too_large_to_lay_out_is_refused_with_a_typed_error():
+    """Found by the test above: a variable with no values, whose other dimensions multiply past
+    what numpy can lay out, matched its size (0), and numpy's reshape raised a ValueError."""
+    blob = (
+        b"\x06\x00\x00\x00\x0c\x00\x00\x00\x00\x00WhisperSpec\x00\x03\x00"
+        b"\x00\x00\x02\x00\x00\x00\t\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00a/wei"
+        b"ght\x00\x02\x02\x00\x00\x00\x03\x00\x00\x00\x00\x18\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    )
+    with pytest.raises(ModelIntegrityError, match="size does not match its shape"):
+        read_model_bin(blob)
+
+
 @settings(max_examples=1000, deadline=None)
 @given(st.binary(max_size=2000))
 def test_random_bytes_are_read_or_refused_by_the_model_reader(blob):

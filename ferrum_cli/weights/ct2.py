@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from pathlib import Path
@@ -76,7 +77,9 @@ def read_model_bin(data: bytes | memoryview) -> tuple[str, dict[str, np.ndarray]
             arr = np.frombuffer(raw, _DTYPES[dtype_id])
         else:
             raise ModelIntegrityError(f"model.bin variable {name!r} has unknown dtype {dtype_id}")
-        if arr.size != int(np.prod(dims, dtype=np.int64)):
+        # the product in Python's integers, which do not wrap; an empty variable's other dimensions
+        # can still be too large for numpy to lay out
+        if arr.size != math.prod(dims) or math.prod(d for d in dims if d) * arr.itemsize > np.iinfo(np.intp).max:
             raise ModelIntegrityError(f"model.bin variable {name!r}: size does not match its shape")
         variables[name] = arr.reshape(dims)
     if r.pos < len(r.buf):
