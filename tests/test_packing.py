@@ -108,11 +108,12 @@ def test_packed_words_are_timed_within_their_own_clip(executor):
 def test_the_cli_packs_short_files_unless_told_not_to(tmp_path, pack):
     """--no-pack-short reads each file alone: its text is the one `ferrum transcribe` gives it by itself.
     The files are read by Whisper with confidence, so that packed they all stay packed."""
-    clips = [r["path"] for r in ENGLISH[2:5]]
+    rows = ENGLISH[2:5]
+    clips = [r["path"] for r in rows]
     flag = [] if pack else ["--no-pack-short"]
     proc = run_ferrum("transcribe", *clips, "--language", "en", "-f", "json", "-o", str(tmp_path), *flag)
     assert proc.returncode == 0, proc.stderr
-    docs = [json.loads((tmp_path / (r["file"].rsplit(".", 1)[0] + ".json")).read_text()) for r in ENGLISH[2:5]]
+    docs = [json.loads((tmp_path / (r["file"].rsplit(".", 1)[0] + ".json")).read_text()) for r in rows]
     assert all(doc["options"].get("packed", False) is pack for doc in docs)
     if not pack:
         alone = run_ferrum("transcribe", clips[1], "--language", "en", "-f", "txt")
