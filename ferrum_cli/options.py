@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import UsageError
@@ -100,10 +101,11 @@ class TranscribeOptions:
         """Beam search exists only in openai-whisper's sequential algorithm."""
         return self.sequential or (self.beam_size or 1) > 1
 
-    def check(self) -> None:
+    def check(self, named: Callable[[str], str] = str) -> None:
         """Every option in its range, once, for every caller (the CLI, the server, a library user):
         UsageError naming the first that is not. compute, and the model's and the machine's limits
-        (an English-only model, int8 on this CPU), are the executor's check_options."""
+        (an English-only model, int8 on this CPU), are the executor's check_options. named: an
+        option as the caller's users know it (the CLI: its flag) where two options disagree."""
         if self.task not in TASKS:
             raise UsageError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.language is not None and language_code(self.language) != self.language:
@@ -111,7 +113,8 @@ class TranscribeOptions:
         if bad := [code for code in self.languages if language_code(code) != code]:
             raise UsageError(f"languages must be Whisper language codes such as 'en', not {bad[0]!r}")
         if self.language is not None and self.languages:
-            raise UsageError("give a language, or languages for detection to choose from, not both")
+            either = f"{named('language')}, or {named('languages')} for detection to choose from"
+            raise UsageError(f"give {either}, not both")
         _within("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
         for name in ("beam_size", "best_of"):
             if getattr(self, name) is not None:
@@ -132,12 +135,15 @@ class TranscribeOptions:
             if getattr(self, name) is not None:
                 _within(name, getattr(self, name), 1, 100)
         if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
-            raise UsageError(f"min_speakers ({self.min_speakers}) is above max_speakers ({self.max_speakers})")
+            least, most = named("min_speakers"), named("max_speakers")
+            raise UsageError(f"{least} ({self.min_speakers}) is above {most} ({self.max_speakers})")
         if self.speakers and (self.min_speakers or self.max_speakers):
-            raise UsageError("give speakers, or min_speakers and max_speakers, not both")
-        given = self.speakers or self.min_speakers or self.max_speakers or self.speaker_names or self.known_speakers
+            either = f"{named('speakers')}, or {named('min_speakers')} and {named('max_speakers')}"
+            raise UsageError(f"give {either}, not both")
+        given = [name for name in POST_FIELDS if name != "diarize" and getattr(self, name)]
         if given and not self.diarize:
-            raise UsageError("speakers, min_speakers, max_speakers, speaker_names and known_speakers need diarize")
+            verb = "needs" if len(given) == 1 else "need"
+            raise UsageError(f"{', '.join(map(named, given))} {verb} {named('diarize')}")
         names = [*self.speaker_names, *(known.name for known in self.known_speakers)]
         if any(not name.strip() for name in names):
             raise UsageError("a speaker name is empty")

@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+from ferrum_cli.errors import UsageError
+from ferrum_cli.options import TranscribeOptions
 from ferrum_cli.post.diarizer import Turn
 from ferrum_cli.post.speakers import assign_speakers
 from ferrum_cli.results import Segment, Transcription, Word
@@ -189,11 +191,19 @@ def test_what_diarization_cannot_do_is_a_usage_error():
     for args, says in (
         (["-", "--live", "--diarize", "--min-speakers", "2"], "does not run with --live"),
         ([str(corpus(JFK)), "-f", "rttm"], "needs --diarize"),
-        ([str(corpus(JFK)), "--speakers", "2"], "need diarize"),
-        ([str(corpus(JFK)), "--diarize", "--min-speakers", "3", "--max-speakers", "2"], "above max_speakers"),
+        ([str(corpus(JFK)), "--speakers", "2", "--speaker-names", "A,B"], "--speakers, --speaker-names need --diarize"),
+        ([str(corpus(JFK)), "--diarize", "--min-speakers", "3", "--max-speakers", "2"], "--min-speakers (3) is above"),
+        ([str(corpus(JFK)), "--diarize", "--speakers", "2", "--max-speakers", "3"], "give --speakers, or --min-"),
     ):
         proc = run_ferrum("transcribe", *args)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+def test_a_library_caller_reads_the_fields_it_set_where_options_disagree():
+    with pytest.raises(UsageError, match=r"^speakers needs diarize$"):
+        TranscribeOptions(speakers=2).check()
+    with pytest.raises(UsageError, match=r"^min_speakers \(3\) is above max_speakers \(2\)$"):
+        TranscribeOptions(diarize=True, min_speakers=3, max_speakers=2).check()
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) to cut the network")
@@ -404,7 +414,7 @@ def test_known_speakers_samples_name_their_voices(tmp_path):
     for args, says in (
         (["--diarize", "--speaker-sample", "Carol"], "takes NAME=FILE"),
         (["--diarize", "--speaker-sample", f"Carol={tmp_path / 'none.wav'}"], "cannot read the sample of 'Carol'"),
-        (["--speaker-sample", f"Carol={tmp_path / 'Carol.wav'}"], "need diarize"),
+        (["--speaker-sample", f"Carol={tmp_path / 'Carol.wav'}"], "--speaker-sample needs --diarize"),
     ):
         proc = run_ferrum("transcribe", str(two), *args)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)

@@ -408,8 +408,13 @@ def options_from(arguments: dict) -> TranscribeOptions:
         max_speakers=a.max_speakers, speaker_names=_names(a.speaker_names),
         known_speakers=_known_speakers(a.speaker_sample or []),
     )  # fmt: skip
-    options.check()
+    options.check(named=_flag)
     return options
+
+
+def _flag(option: str) -> str:
+    """The flag that sets a TranscribeOptions field, for the messages of options.check."""
+    return "--speaker-sample" if option == "known_speakers" else "--" + option.replace("_", "-")
 
 
 SAMPLE_BYTES = 50 << 20  # a known speaker's sample: seconds of audio, in any format, is far less
