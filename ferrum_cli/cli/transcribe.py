@@ -76,7 +76,13 @@ BatchSizeOption = Annotated[
 ComputeOption = Annotated[
     Compute, typer.Option(help="CPU encoder; auto: the fastest here that keeps the words.", rich_help_panel=SPEED_PANEL)
 ]
-ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads for torch.", min=1, rich_help_panel=SPEED_PANEL)]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="CPU threads for torch (default: every core). Processes run side by side: give each its share.",
+        min=1, rich_help_panel=SPEED_PANEL,
+    ),
+]  # fmt: skip
 PackShortOption = Annotated[
     bool,
     typer.Option(
