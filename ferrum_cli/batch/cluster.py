@@ -246,15 +246,15 @@ class Workers:
         self.in_flight.pop(actor, None)
         self.shared.pop(actor, None)
 
-    def answering(self) -> bool:
-        """Whether any worker answers within ANSWER_SECONDS: a long file keeps its worker busy,
+    def answering(self, within: float) -> bool:
+        """Whether any worker answers within `within` seconds: a long file keeps its worker busy,
         but a worker (a threaded actor) answers while it transcribes unless it, or its node, is gone."""
         if not self.actors:
             return False
         from ray.exceptions import RayError
 
         waiting = [actor.ready.remote() for actor in self.actors]
-        deadline = time.monotonic() + ANSWER_SECONDS
+        deadline = time.monotonic() + within
         while waiting and (left := deadline - time.monotonic()) > 0:
             answered, waiting = self.ray.wait(waiting, num_returns=1, timeout=left)
             for ref in answered:  # a lost worker's ping comes back too, as its error
@@ -321,7 +321,7 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
         if len(workers.actors) > started:
             progress = time.monotonic()
         if time.monotonic() - progress > stall:
-            if not workers.answering():
+            if not workers.answering(min(ANSWER_SECONDS, stall)):  # a stall set short is not waited out longer
                 raise ClusterError(
                     f"the cluster stopped answering: nothing came back for {stall:.0f} s and no worker answers; "
                     "finished outputs are kept (--skip-existing resumes)"
