@@ -140,7 +140,7 @@ class TranscribeOptions:
         if self.speakers and (self.min_speakers or self.max_speakers):
             either = f"{named('speakers')}, or {named('min_speakers')} and {named('max_speakers')}"
             raise UsageError(f"give {either}, not both")
-        given = [name for name in POST_FIELDS if name != "diarize" and getattr(self, name)]
+        given = [name for name in SPEAKER_FIELDS if getattr(self, name)]
         if given and not self.diarize:
             verb = "needs" if len(given) == 1 else "need"
             raise UsageError(f"{', '.join(map(named, given))} {verb} {named('diarize')}")
@@ -186,7 +186,8 @@ class TranscribeOptions:
         return kwargs
 
 
-POST_FIELDS = ("diarize", "speakers", "min_speakers", "max_speakers", "speaker_names", "known_speakers")
+SPEAKER_FIELDS = ("speakers", "min_speakers", "max_speakers", "speaker_names", "known_speakers")  # with diarize only
+POST_FIELDS = ("diarize", *SPEAKER_FIELDS)
 
 
 def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:
