@@ -30,6 +30,7 @@ IN_FLIGHT = 8  # files per worker at once: its engine batches their windows toge
 MAX_LOSSES = 3  # times a file may lose its worker before it fails
 WAIT_SECONDS = 1.0
 CONNECT_SECONDS = 60.0
+JOIN_POLL_SECONDS = 0.1  # how often what Ray prints while joining is read
 REACH_SECONDS = 5.0  # for the cluster's port to take a TCP connection
 START_SECONDS = 300.0  # for the first worker to load its model
 STALL_SECONDS = 120.0  # with nothing finished for this long, the workers are asked whether they still answer
@@ -123,12 +124,10 @@ def connect(address: str):
             with _stderr_into(printed):
                 joining = threading.Thread(target=init, name="ray-init", daemon=True)
                 joining.start()
-                joining.join(CONNECT_SECONDS)
-            printed.seek(0)
-            said = printed.read().decode("utf-8", "replace")
+                said = _joined(joining, printed)
     if "ok" in outcome:
         return ray
-    if "Unauthenticated" in said or "InvalidAuthToken" in said:
+    if _refused_token(said):
         told = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
         token = "the cluster's token" if told else "RAY_AUTH_MODE=token"
         raise ClusterError(f"cannot join the Ray cluster at {address}: it asks for Ray's token; "
@@ -139,6 +138,22 @@ def connect(address: str):
         exc = outcome["error"]
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     raise ClusterError(f"cannot join the Ray cluster at {address}: {message}")
+
+
+def _joined(joining: threading.Thread, printed) -> str:
+    """What Ray printed while joining, once the join ends, or CONNECT_SECONDS pass, or the cluster
+    refuses the token: Ray's core says so within a second, then retries it for 20 s more."""
+    deadline = time.monotonic() + CONNECT_SECONDS
+    said = ""
+    while joining.is_alive() and time.monotonic() < deadline and not _refused_token(said):
+        joining.join(min(JOIN_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        printed.seek(0)
+        said = printed.read().decode("utf-8", "replace")
+    return said
+
+
+def _refused_token(said: str) -> bool:
+    return "Unauthenticated" in said or "InvalidAuthToken" in said
 
 
 @contextmanager
