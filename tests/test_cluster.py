@@ -255,8 +255,8 @@ def token_cluster():
 def test_a_cluster_that_asks_for_a_token_not_given_says_so_in_one_line(token_cluster, tmp_path):
     """A driver with RAY_AUTH_MODE unset does not send Ray's token to a cluster named by address
     (Ray sends it unasked only to one it finds itself): the user reads why and what to set in one
-    line as soon as the cluster refuses, not after Ray's 20 s of retries; with RAY_AUTH_MODE=token
-    and the token the same run joins."""
+    line as soon as the cluster refuses, not after Ray's 20 s of retries; a wrong token is told as
+    such; with RAY_AUTH_MODE=token and the token the same run joins."""
     address, token = token_cluster
     clip = clips("en", 1)[0]
     args = ["transcribe", clip, "-o", str(tmp_path), "--threads", "1", "--cluster", address]
@@ -269,6 +269,9 @@ def test_a_cluster_that_asks_for_a_token_not_given_says_so_in_one_line(token_clu
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "asks for Ray's token" in proc.stderr and "RAY_AUTH_MODE=token" in proc.stderr
     assert not list(tmp_path.iterdir())
+    wrong = run_ferrum(*args, env={**loopback, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+    assert wrong.returncode == 1 and len(wrong.stderr.splitlines()) == 1, wrong.stderr
+    assert "refuses the token given" in wrong.stderr and "the cluster's token" in wrong.stderr
     joined = run_ferrum(*args, "-q", env={**loopback, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     assert joined.returncode == 0, joined.stderr
     assert [p.name for p in tmp_path.iterdir()] == [Path(clip).stem + ".txt"]

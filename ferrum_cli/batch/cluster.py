@@ -128,10 +128,12 @@ def connect(address: str):
     if "ok" in outcome:
         return ray
     if _refused_token(said):
-        told = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
-        token = "the cluster's token" if told else "RAY_AUTH_MODE=token"
-        raise ClusterError(f"cannot join the Ray cluster at {address}: it asks for Ray's token; "
-                           f"give {token} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            why, give = "it refuses the token given", "the cluster's token"
+        else:
+            why, give = "it asks for Ray's token", "RAY_AUTH_MODE=token"
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {why}; "
+                           f"give {give} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
     if "error" not in outcome:
         message = f"no answer in {CONNECT_SECONDS:.0f} s"
     else:
