@@ -219,6 +219,35 @@ def test_a_cluster_address_that_cannot_answer_is_one_line_at_once(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@needs_corpus
+def test_cluster_auto_whose_cluster_is_gone_is_one_line_at_once(tmp_path):
+    """`--cluster auto` joins RAY_ADDRESS, else the cluster `ray start` last made on this machine,
+    whose address Ray keeps after the cluster is killed and then retries for a minute. Where
+    nothing listens there, the line names the address and where it came from, at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
+        ray_tmp = tmp_path / "ray-tmp"
+        (ray_tmp / "ray").mkdir(parents=True)
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(closed)  # as a killed `ray start` leaves it
+        others = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        out = tmp_path / "out"
+        out.mkdir()
+        for env, whence in (
+            ({**others, "RAY_TMPDIR": str(ray_tmp)}, "the last cluster `ray start` made here"),
+            ({**others, "RAY_ADDRESS": closed}, "RAY_ADDRESS"),
+        ):
+            started = time.monotonic()
+            args = [FERRUM, "transcribe", clips("en", 1)[0], "-o", str(out), "--cluster", "auto"]
+            proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+            assert time.monotonic() - started < 30  # Ray itself retries such an address for a minute
+            assert proc.returncode == 1
+            assert proc.stderr.splitlines() == [
+                f"error: cannot join the Ray cluster at auto ({closed}, {whence}): nothing listens on {closed}"
+            ]
+    assert not list(out.iterdir())
+
+
 @pytest.fixture
 def token_cluster():
     """(address, token) of a one-node cluster on 127.0.0.1 with Ray's token authentication, as

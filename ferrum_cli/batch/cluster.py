@@ -100,9 +100,10 @@ def connect(address: str):
         import ray
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'ferrum-cli[cluster]'") from None
-    why = _unreachable(address)
+    found, whence = _found_address(address)
+    why = _unreachable(found)
     if why:
-        raise ClusterError(f"cannot join the Ray cluster at {address}: {why}")
+        raise ClusterError(f"cannot join the Ray cluster at {address}{whence}: {why}")
     # "local": a new instance even where RAY_ADDRESS names a running one; ferrum reports, Ray's INFO lines are noise
     kwargs = {"address": address, "log_to_driver": False, "logging_level": logging.ERROR}
     if not address.startswith("ray://"):  # Ray Client takes no dashboard option
@@ -170,6 +171,28 @@ def _stderr_into(file):
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def _found_address(address: str) -> tuple[str, str]:
+    """(the address Ray joins, where it came from) for "auto": RAY_ADDRESS, else the last
+    `ray start`'s on this machine, which outlives a cluster that was killed (Ray retries it for a
+    minute). Other addresses are themselves."""
+    if address != "auto":
+        return address, ""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        found = get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        raise ClusterError(
+            "no Ray cluster runs here: start one (ray start --head), give its address, or use --cluster local"
+        ) from None
+    except Exception:  # noqa: BLE001 - Ray's private helper, changed or gone: Ray itself tells
+        return address, ""
+    if not found or found == "auto":
+        return address, ""
+    whence = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "the last cluster `ray start` made here"
+    return found, f" ({found}, {whence})"
 
 
 def _unreachable(address: str) -> str | None:
