@@ -128,13 +128,9 @@ def connect(address: str):
                 said = _joined(joining, printed)
     if "ok" in outcome:
         return ray
-    if _refused_token(said):
-        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-            why, give = "it refuses the token given", "the cluster's token"
-        else:
-            why, give = "it asks for Ray's token", "RAY_AUTH_MODE=token"
-        raise ClusterError(f"cannot join the Ray cluster at {address}: {why}; "
-                           f"give {give} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
+    told = _told_early(said)
+    if told:
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {told}")
     if "error" not in outcome:
         message = f"no answer in {CONNECT_SECONDS:.0f} s"
     else:
@@ -144,19 +140,31 @@ def connect(address: str):
 
 
 def _joined(joining: threading.Thread, printed) -> str:
-    """What Ray printed while joining, once the join ends, or CONNECT_SECONDS pass, or the cluster
-    refuses the token: Ray's core says so within a second, then retries it for 20 s more."""
+    """What Ray printed while joining, once the join ends, or CONNECT_SECONDS pass, or what it
+    printed tells already that the join will fail (_told_early), where Ray goes on retrying."""
     deadline = time.monotonic() + CONNECT_SECONDS
     said = ""
-    while joining.is_alive() and time.monotonic() < deadline and not _refused_token(said):
+    while joining.is_alive() and time.monotonic() < deadline and not _told_early(said):
         joining.join(min(JOIN_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
         printed.seek(0)
         said = printed.read().decode("utf-8", "replace")
     return said
 
 
-def _refused_token(said: str) -> bool:
-    return "Unauthenticated" in said or "InvalidAuthToken" in said
+def _told_early(said: str) -> str | None:
+    """Why the join will fail, where Ray's core says so while it retries, or None:
+    - a refused token, within a second (Ray retries for 20 s more);
+    - a port that takes connections but does not speak Ray's protocol, within 5 s (a web server,
+      the dashboard's port; Ray waits on for minutes)."""
+    if "Unauthenticated" in said or "InvalidAuthToken" in said:
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            why, give = "it refuses the token given", "the cluster's token"
+        else:
+            why, give = "it asks for Ray's token", "RAY_AUTH_MODE=token"
+        return f"{why}; give {give} (the token in ~/.ray/auth_token or RAY_AUTH_TOKEN)"
+    if "Failed to connect to GCS at address" in said:
+        return "what listens there is not a Ray head (its port is 6379 unless `ray start --port` set another)"
+    return None
 
 
 @contextmanager
