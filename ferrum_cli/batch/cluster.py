@@ -155,7 +155,7 @@ def _told_early(said: str) -> str | None:
     """Why the join will fail, where Ray's core says so while it retries, or None:
     - a refused token, within a second (Ray retries for 20 s more);
     - a port that takes connections but does not speak Ray's protocol, within 5 s (a web server,
-      the dashboard's port; Ray waits on for minutes)."""
+      say; Ray waits on for minutes)."""
     if "Unauthenticated" in said or "InvalidAuthToken" in said:
         if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
             why, give = "it refuses the token given", "the cluster's token"
