@@ -635,6 +635,21 @@ def test_a_flood_of_slow_clients_is_dropped_and_health_still_answers():
     assert "Traceback" not in log and len(log.splitlines()) < 100, log[-3000:]
 
 
+def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_before_the_model_loads():
+    """uvicorn binds after the app starts: it would load the model, then log the bind error among
+    its own lines and exit 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = run_ferrum("serve", "--port", str(port), "--model", "tiny.en", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    unknown = run_ferrum("serve", "--host", "no-such-host.invalid", "--no-auth", "--port", str(free_port()), timeout=60)
+    assert unknown.returncode == 2
+    assert len(unknown.stderr.splitlines()) == 1 and unknown.stderr.startswith("error: --host no-such-host.invalid: ")
+
+
 def test_beyond_loopback_needs_a_key():
     proc = run_ferrum("serve", "--host", "0.0.0.0", "--port", str(free_port()), timeout=60)
     assert proc.returncode == 2

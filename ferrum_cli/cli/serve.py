@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 from typing import Annotated
 
 import typer
@@ -47,6 +48,24 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """The address is bound and let go at once, as asyncio's server binds it: a port in use or a
+    host that does not resolve is one line before the model loads (uvicorn logs it after)."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    for family, kind, proto, _, address in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def serve(
@@ -116,6 +135,7 @@ def serve(
     if not is_loopback(host) and not api_key and not no_auth:
         fail(UsageError(f"--host {host} reaches beyond this machine: set --api-key (or FERRUM_API_KEY), or --no-auth"))
     call(check_compute, compute.value)
+    call(check_can_listen, host, port)
     try:
         import uvicorn
     except ImportError:
