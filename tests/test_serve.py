@@ -635,9 +635,10 @@ def test_a_flood_of_slow_clients_is_dropped_and_health_still_answers():
     assert "Traceback" not in log and len(log.splitlines()) < 100, log[-3000:]
 
 
-def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_before_the_model_loads():
+def test_a_port_in_use_a_host_or_a_model_that_is_not_there_is_one_line_before_the_server_starts():
     """uvicorn binds after the app starts: it would load the model, then log the bind error among
-    its own lines and exit 3."""
+    its own lines and exit 3. The model loads once the server listens (/health says loading), so
+    a name no model has would have been an error in the log of a server that had started."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -648,6 +649,13 @@ def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_before_the_mo
     unknown = run_ferrum("serve", "--host", "no-such-host.invalid", "--no-auth", "--port", str(free_port()), timeout=60)
     assert unknown.returncode == 2
     assert len(unknown.stderr.splitlines()) == 1 and unknown.stderr.startswith("error: --host no-such-host.invalid: ")
+    for model, message in (
+        ("tiny.eng", "unknown model 'tiny.eng'; known names: "),
+        ("/no/such/model.pt", "no such model file or directory: /no/such/model.pt"),
+    ):
+        proc = run_ferrum("serve", "--model", model, "--port", str(free_port()), timeout=60)
+        assert proc.returncode == 4
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(f"error: {message}")
 
 
 def test_beyond_loopback_needs_a_key():

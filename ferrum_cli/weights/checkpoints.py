@@ -182,4 +182,8 @@ def load_path(path: Path) -> Weights:
         )
     if path.is_file():
         return load_openai_pt(path)
-    raise ModelNotFoundError(f"no such model file or directory: {path}")
+    raise no_model_at(path)
+
+
+def no_model_at(path: Path) -> ModelNotFoundError:
+    return ModelNotFoundError(f"no such model file or directory: {path}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ModelError, ModelIntegrityError, ModelNotFoundError
 from . import cache
-from .checkpoints import Weights, load_openai_pt, load_path
+from .checkpoints import Weights, load_openai_pt, load_path, no_model_at
 from .locations import (
     Place,
     download_url,
@@ -24,14 +24,27 @@ from .packs import ModelPack, packs_for, read_pack
 log = logging.getLogger("ferrum")
 
 
+def check_model_name(model: str) -> None:
+    """What resolve() would say of the name without reading anything: an unknown name, or a path
+    with nothing there (the server checks this before it starts, then loads in the background)."""
+    path = Path(model).expanduser()
+    if _is_path(model):
+        if not path.exists():
+            raise no_model_at(path)
+    elif model not in known_model_names():
+        names = ", ".join(known_model_names())
+        raise ModelNotFoundError(f"unknown model {model!r}; known names: {names}, or pass a path")
+
+
+def _is_path(model: str) -> bool:
+    return Path(model).expanduser().exists() or os.sep in model or model.endswith((".pt", ".bin", ".safetensors"))
+
+
 def resolve(model: str) -> Weights:
     """Weights for a model name, a checkpoint file, or a model directory."""
-    path = Path(model).expanduser()
-    if path.exists() or os.sep in model or model.endswith((".pt", ".bin", ".safetensors")):
-        return load_path(path)
-    names = known_model_names()
-    if model not in names:
-        raise ModelNotFoundError(f"unknown model {model!r}; known names: {', '.join(names)}, or pass a path")
+    check_model_name(model)
+    if _is_path(model):
+        return load_path(Path(model).expanduser())
     pack_problems = []
     for place in offline_places(model):
         try:
