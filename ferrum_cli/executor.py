@@ -383,6 +383,15 @@ def check_compute(compute: str) -> None:
     check(compute)
 
 
+def check_model(model: str, path_here: bool = True) -> None:
+    """An unknown model name, or a path with nothing there, as a ModelNotFoundError: checked before
+    a server listens or a cluster is joined, which load the model later or elsewhere. path_here
+    False: the path is read on other machines, so only names are checked."""
+    from .weights.resolve import check_model_name
+
+    check_model_name(model, path_here)
+
+
 def verify_ahead(model: str) -> None:
     """Start checking the cached weights of a model name on another thread, so that the check
     overlaps the caller's start (torch's import); from_path uses the result if the file is unchanged."""

@@ -197,6 +197,25 @@ def test_workers_that_stop_answering_end_the_run_in_bounded_time_and_skip_existi
     assert summary_counts(resumed.stderr) == (24 - len(finished), len(finished), 0)
 
 
+@needs_corpus
+def test_a_model_no_worker_can_load_is_one_line(cluster, tmp_path):
+    """An unknown name is told before the cluster is joined (no cluster listens at the first
+    address), a path with nothing there by the workers, which read it, as the CLI says it."""
+    clip = clips("en", 1)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+        unknown = run_ferrum("transcribe", clip, "-o", str(tmp_path), "-m", "tiny.eng", "--cluster", closed)
+    assert unknown.returncode == 4
+    assert unknown.stderr.splitlines()[0].startswith("error: unknown model 'tiny.eng'; known names: ")
+    missing = run_ferrum("transcribe", clip, "-o", str(tmp_path), "-m", "/no/such/model.pt", "--cluster", cluster)
+    assert missing.returncode == 1
+    assert missing.stderr.splitlines() == [
+        "error: no worker could start on the cluster: no such model file or directory: /no/such/model.pt"
+    ]
+    assert not list(tmp_path.iterdir())
+
+
 def test_workers_without_a_cluster_is_a_usage_error():
     proc = run_ferrum("transcribe", "x.wav", "--workers", "2")
     assert proc.returncode == 2 and "--workers needs --cluster" in proc.stderr

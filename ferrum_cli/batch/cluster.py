@@ -331,6 +331,9 @@ def run_cluster(plan: BatchPlan, events: BatchEvents, summary: BatchSummary, set
     outputs = dict(jobs_to_run(plan, events, summary))
     if not outputs:
         return summary
+    from ..executor import check_model
+
+    check_model(settings.model, path_here=False)  # a path is read on the workers
     ray = connect(settings.address)
     workers = None
     try:
@@ -431,6 +434,10 @@ def _payload(ray, workers: Workers, actor, job: Job):
 
 
 def _cause_line(exc: BaseException) -> str:
-    """The last line of a Ray error: the exception its traceback ends in."""
+    """The last line of a Ray error: the exception its traceback ends in, and of ferrum's own
+    errors only their message, as the CLI says them."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    kind, said, message = lines[-1].partition(": ")
+    return message if said and kind.startswith("ferrum_cli.errors.") else lines[-1]

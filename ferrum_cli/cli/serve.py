@@ -128,15 +128,14 @@ def serve(
     ] = True,
 ) -> None:
     """Serve OpenAI's audio API (/v1/audio/transcriptions, /v1/audio/translations) over HTTP."""
-    from ..executor import check_compute
+    from ..executor import check_compute, check_model
     from ..options import TranscribeOptions
     from ..server.app import ServerSettings, create_app
-    from ..weights.resolve import check_model_name
 
     if not is_loopback(host) and not api_key and not no_auth:
         fail(UsageError(f"--host {host} reaches beyond this machine: set --api-key (or FERRUM_API_KEY), or --no-auth"))
     call(check_compute, compute.value)
-    call(check_model_name, model)
+    call(check_model, model)
     call(check_can_listen, host, port)
     try:
         import uvicorn

@@ -24,12 +24,13 @@ from .packs import ModelPack, packs_for, read_pack
 log = logging.getLogger("ferrum")
 
 
-def check_model_name(model: str) -> None:
+def check_model_name(model: str, path_here: bool = True) -> None:
     """What resolve() would say of the name without reading anything: an unknown name, or a path
-    with nothing there (the server checks this before it starts, then loads in the background)."""
+    with nothing there (the server checks this before it starts, then loads in the background).
+    path_here False: a path is read elsewhere (a cluster's workers), so only names are checked."""
     path = Path(model).expanduser()
     if _is_path(model):
-        if not path.exists():
+        if path_here and not path.exists():
             raise no_model_at(path)
     elif model not in known_model_names():
         names = ", ".join(known_model_names())
