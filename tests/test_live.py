@@ -152,6 +152,13 @@ def test_the_microphone_path_with_lavfi_standing_in_for_the_device(tmp_path):
     assert "Dashwood" in " ".join(json.loads(line)["text"] for line in speech.stdout.splitlines())
 
 
+def test_a_microphone_that_does_not_open_is_one_line_that_says_where_they_are_listed():
+    proc = run_ferrum("transcribe", "--mic", "alsa:no-such-card", "-q", timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: <mic alsa:no-such-card>: "), proc.stderr
+    assert "`ferrum status` lists the microphones ffmpeg sees here" in proc.stderr
+
+
 def test_live_refuses_files_and_what_it_cannot_do():
     for args, says in (
         ([str(SAMPLE), "--live"], "not a file"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..audio.ffmpeg import AudioStream, stream_file
-from ..errors import FerrumError, InputError, OutputError
+from ..errors import AudioDecodeError, FerrumError, InputError, OutputError
 from ..options import TranscribeOptions
 from ..results import Segment, Transcription
 from ..writers import SubtitleLayout, check_inside, output_paths, render, write_atomic
@@ -192,7 +192,10 @@ def finish_job(
 ) -> None:
     """One job's result: its outputs written whole, or its error reported."""
     if isinstance(result, FerrumError):
-        fail_job(job, result.message, events, summary)
+        message = result.message
+        if job.capture_format not in (None, "lavfi") and isinstance(result, AudioDecodeError):
+            message += "; `ferrum status` lists the microphones ffmpeg sees here (capture_devices)"
+        fail_job(job, message, events, summary)
         return
     result.name = result.name or job.relative.name  # rttm's file id
     for warning in result.warnings:
