@@ -13,7 +13,7 @@ import pytest
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
 from ferrum_cli.platform.cpu import int8_available
 
-from .helpers import JFK, SAMPLE, corpus, needs_corpus, run_ferrum, run_ferrum_on_a_terminal, words
+from .helpers import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, run_ferrum_on_a_terminal, words
 
 pytestmark = needs_corpus
 
@@ -150,6 +150,20 @@ def test_several_inputs_on_stdout_each_get_a_header():
     assert proc.returncode == 0, proc.stderr
     headers = [ln for ln in proc.stdout.splitlines() if ln.startswith("==> ")]
     assert len(headers) == 2 and JFK in headers[0]
+
+
+@needs_corpus
+def test_a_reader_that_closes_stdout_ends_the_batch_quietly():
+    """As `ferrum transcribe talks/ | head -1`: once nothing reads the results, the rest of the
+    batch is not transcribed for nobody, and no error is reported for it."""
+    clips = [str(corpus(name)) for name in (JFK, "en_librispeech_2830-3980-0043.wav", "en_timit_LDC93S1.wav")]
+    proc = subprocess.Popen([FERRUM, "transcribe", *clips, "--batch-size", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert JFK in proc.stdout.readline()
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "error" not in stderr and "done" not in stderr  # no failures, and no summary of a run that went on
 
 
 def test_every_format_is_written_and_parses_back(tmp_path):

@@ -145,9 +145,11 @@ def run_batch(
                 items, plan.options, on_segment=events.on_segment, on_progress=events.on_progress,
                 on_partial=partial, on_step=events.on_step,
             ):  # fmt: skip
-                finished += 1
                 finish_job(job, result, outputs[job], plan, events, summary)
+                finished += 1
             todo = []
+        except BrokenPipeError:
+            raise  # stdout's reader went away (| head): the CLI ends at once, quietly
         except Exception as exc:  # a bug must not sink the rest of a long batch
             if debug:
                 raise

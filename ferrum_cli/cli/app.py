@@ -15,7 +15,7 @@ from rich.table import Table
 from .. import __version__
 from . import describe
 from . import serve as serve_command
-from .console import err, state
+from .console import err, quiet_broken_pipe, state
 from .transcribe import EXAMPLES, transcribe
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
     except BrokenPipeError:
-        code = _quiet_broken_pipe()
+        code = quiet_broken_pipe()
     except Exception as exc:
         code = _click_error(exc)
     if code is not None and not isinstance(code, int):  # sys.exit("message"): as Python ends it
@@ -91,7 +91,7 @@ def main() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        code = _quiet_broken_pipe() if not code else code
+        code = quiet_broken_pipe() if not code else code
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code or 0)
@@ -111,10 +111,3 @@ def _click_error(exc: Exception) -> int:
     hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
     err.print(f"[red]error:[/] {escape(exc.format_message())}{escape(hint)}", markup=True, highlight=False)
     return exc.exit_code
-
-
-def _quiet_broken_pipe() -> int:
-    """The reader of stdout went away (e.g. `| head`): stop quietly, with success."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -37,9 +40,17 @@ def call(func, *args, **kwargs):
         if state["debug"]:
             raise
         fail(exc)
-    except (KeyboardInterrupt, Interrupted, typer.Exit):
-        raise
+    except (KeyboardInterrupt, Interrupted, typer.Exit, BrokenPipeError):
+        raise  # BrokenPipeError: stdout's reader went away, which main() ends quietly
     except Exception as exc:  # a bug still ends in one line; --debug shows the traceback
         if state["debug"]:
             raise
         fail(FerrumError(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]))
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of stdout went away (e.g. `| head`): stop quietly, with success. stdout goes to
+    /dev/null, so that the interpreter's last flush finds nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0

@@ -13,7 +13,7 @@ import typer
 from ..errors import UsageError
 from ..options import MAX_BATCH_SIZE, temperatures
 from ..writers import FORMATS
-from .console import Interrupted, call, err, fail, on_signal, state
+from .console import Interrupted, call, err, fail, on_signal, quiet_broken_pipe, state
 
 if TYPE_CHECKING:
     from ..options import KnownSpeaker, TranscribeOptions
@@ -504,6 +504,9 @@ def _run(plan, view, model: str, device: str, dtype: str, threads: int | None, c
                 call(executor.check_options, plan.options)
                 start_progress()
                 call(run_batch, executor, plan, view.events(), summary, state["debug"], started)
+    except BrokenPipeError:  # stdout's reader went away (| head): nothing more can reach it
+        view.stop_progress()
+        raise typer.Exit(quiet_broken_pipe()) from None
     except (KeyboardInterrupt, Interrupted) as exc:
         summary.interrupted = True
         view.stop_progress()
