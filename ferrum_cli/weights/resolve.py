@@ -28,13 +28,14 @@ def check_model_name(model: str, path_here: bool = True) -> None:
     """What resolve() would say of the name without reading anything: an unknown name, or a path
     with nothing there (the server checks this before it starts, then loads in the background).
     path_here False: a path is read elsewhere (a cluster's workers), so only names are checked."""
-    path = Path(model).expanduser()
     if _is_path(model):
+        path = Path(model).expanduser()
         if path_here and not path.exists():
             raise no_model_at(path)
-    elif model not in known_model_names():
-        names = ", ".join(known_model_names())
-        raise ModelNotFoundError(f"unknown model {model!r}; known names: {names}, or pass a path")
+        return
+    names = known_model_names()
+    if model not in names:
+        raise ModelNotFoundError(f"unknown model {model!r}; known names: {', '.join(names)}, or pass a path")
 
 
 def _is_path(model: str) -> bool:
@@ -43,9 +44,9 @@ def _is_path(model: str) -> bool:
 
 def resolve(model: str) -> Weights:
     """Weights for a model name, a checkpoint file, or a model directory."""
-    check_model_name(model)
     if _is_path(model):
-        return load_path(Path(model).expanduser())
+        return load_path(Path(model).expanduser())  # says itself where nothing is there
+    check_model_name(model)
     pack_problems = []
     for place in offline_places(model):
         try:
