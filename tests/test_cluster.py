@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,14 @@ def cluster():
 def clips(language: str | None = None, count: int = 12) -> list[str]:
     rows = [r for r in corpus_rows() if language is None or r["language"] == language]
     return [r["path"] for r in rows][:count]
+
+
+@contextmanager
+def closed_address() -> Iterator[str]:
+    """host:port of a loopback port held bound and never listening, so nothing else takes it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{held.getsockname()[1]}"
 
 
 def worker_pids(running: bool = False) -> list[int]:
@@ -202,9 +212,7 @@ def test_a_model_no_worker_can_load_is_one_line(cluster, tmp_path):
     """An unknown name is told before the cluster is joined (no cluster listens at the first
     address), a path with nothing there by the workers, which read it, as the CLI says it."""
     clip = clips("en", 1)[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    with closed_address() as closed:
         unknown = run_ferrum("transcribe", clip, "-o", str(tmp_path), "-m", "tiny.eng", "--cluster", closed)
     assert unknown.returncode == 4
     assert unknown.stderr.splitlines()[0].startswith("error: unknown model 'tiny.eng'; known names: ")
@@ -226,9 +234,7 @@ def test_a_cluster_address_that_cannot_answer_is_one_line_at_once(tmp_path):
     """A closed port and a malformed address are told before Ray is asked (Ray would retry for a
     minute and print each retry), and a port where something other than Ray listens as soon as
     Ray's core says so (5 s; Ray waits on for minutes); nothing is written."""
-    with socket.socket() as s, socket.socket() as other:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
+    with closed_address() as closed, socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen(8)  # takes connections and never says a word: not Ray's protocol
         not_ray = f"127.0.0.1:{other.getsockname()[1]}"
@@ -251,9 +257,7 @@ def test_cluster_auto_whose_cluster_is_gone_is_one_line_at_once(tmp_path):
     (an address Ray keeps after the cluster is killed), and Ray retries a dead one for a minute.
     Where nothing listens there, the line names the address and where it came from, at once.
     (RAY_ADDRESS here: which of the others Ray picks depends on what else runs on the machine.)"""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
+    with closed_address() as closed:
         started = time.monotonic()
         proc = run_ferrum("transcribe", clips("en", 1)[0], "-o", str(tmp_path), "--cluster", "auto",
                           env={"RAY_ADDRESS": closed})  # fmt: skip
