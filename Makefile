@@ -18,11 +18,16 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/ferrum transcribe samples/librivox_sense_and_sensibility.wav
 
+# Two processes, each given whole files (a file's fixtures, a Ray cluster among them, start once):
+# much of the suite waits on real time (live pacing, servers, Ray), and the other process works
+# meanwhile (docs/performance.md, "Several processes at once").
+PYTEST := $(BIN)/pytest -q -n 2 --dist loadfile
+
 test: install
-	$(BIN)/pytest -q
+	$(PYTEST)
 
 test-fast: install  # without the cluster, the hour-long and the 1,000-file tests
-	$(BIN)/pytest -q -m "not slow and not cluster"
+	$(PYTEST) -m "not slow and not cluster"
 
 bench: install
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev,serve,cluster,bench]'

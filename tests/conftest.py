@@ -9,6 +9,12 @@ import pytest
 
 from .helpers import CORPUS
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test processes share the cores (make test). OpenMP's waiting threads spin, and two
+    # processes that both spin slow each other down several times over (docs/performance.md,
+    # "Several processes at once"). Set before torch loads, and so for each ferrum started here.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_sessionstart(session) -> None:
     """Said once, at the top of the run (with -q too), rather than only in each skip's reason."""
