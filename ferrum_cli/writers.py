@@ -186,7 +186,7 @@ def check_inside(output_dir: Path, path: Path) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     try:
-        atomic_write_bytes(path, text.encode("utf-8"))
+        atomic_write_bytes(path, text.encode("utf-8", "surrogateescape"))  # a file name's own bytes (rttm)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 

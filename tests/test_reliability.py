@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -231,6 +232,23 @@ def test_awkward_file_names_work_as_input_and_output(tmp_path, name):
     if "." in name:  # a folder walk takes media files by extension
         proc = run_ferrum("transcribe", "-o", str(tmp_path / "walk"), str(src))
         assert proc.returncode == 0 and len(list((tmp_path / "walk").iterdir())) == 1
+
+
+@needs_corpus
+@pytest.mark.skipif(sys.platform != "linux", reason="a file name that is not UTF-8 needs a file system that takes one")
+def test_a_file_name_that_is_not_utf8_is_read_named_and_written_as_its_own_bytes(tmp_path):
+    """A name from a latin-1 disk or an old archive (café, its é one byte). ffmpeg-python hashes
+    its arguments as UTF-8, and the batch ended in a traceback at the first such file."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    shutil.copy(corpus(SHORT), src / os.fsdecode(b"caf\xe9.wav"))
+    proc = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "txt", "-f", "rttm", "--diarize")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(os.fsencode(out))) == [b"caf\xe9.rttm", b"caf\xe9.txt"]
+    assert "experience proves this" in words((out / os.fsdecode(b"caf\xe9.txt")).read_text(errors="strict"))
+    turns = (out / os.fsdecode(b"caf\xe9.rttm")).read_bytes().splitlines()
+    assert turns and all(turn.split()[1] == b"caf\xe9" for turn in turns)  # the id is the name's bytes
+    assert f"{src}/caf\\xe9.wav: language en" in proc.stderr  # shown as `ls -b` shows it
 
 
 def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path):

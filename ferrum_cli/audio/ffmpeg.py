@@ -59,6 +59,7 @@ def ffmpeg_version() -> str:
 
 
 URL_SCHEMES = ("http", "https", "rtsp", "rtmp", "rtmps", "srt", "udp", "tcp", "rtp")
+SOURCE_SLOT = "\x00source"  # where the input goes in ffmpeg's arguments; no path holds a NUL
 NETWORK_TIMEOUT_US = 15_000_000  # a server that stops answering for 15 s ends the input (http, tcp)
 
 
@@ -88,14 +89,17 @@ def _decode_args(
     out_kwargs = {"flush_packets": 1} if live else {}
     # mono stays mono and anything wider becomes stereo, which to_mono downmixes as ffmpeg's -ac 1
     # would, to the bit, unless the channels cancel; the WAV header says which ffmpeg chose
-    stream = ffmpeg.input(source, **in_kwargs).output(
+    # the source goes in after: ffmpeg-python hashes its arguments as UTF-8, which a file name
+    # that is not UTF-8 (its bytes kept by Python as surrogates) cannot be
+    stream = ffmpeg.input(SOURCE_SLOT, **in_kwargs).output(
         "pipe:", format="wav", acodec="pcm_f32le", ar=SAMPLE_RATE, af="aformat=channel_layouts=mono|stereo",
         **out_kwargs,
     )  # fmt: skip
     global_args = ["-hide_banner", "-nostats", "-v", "level+info"]
     if source != "pipe:0":
         global_args.insert(0, "-nostdin")
-    return stream.global_args(*global_args).compile(cmd=find_ffmpeg().path)
+    args = stream.global_args(*global_args).compile(cmd=find_ffmpeg().path)
+    return [source if arg == SOURCE_SLOT else arg for arg in args]
 
 
 def capture_devices() -> list[dict]:

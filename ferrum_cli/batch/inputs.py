@@ -127,6 +127,12 @@ def _safe_relative(path: Path) -> PurePosixPath:
     return PurePosixPath(*parts) if parts else PurePosixPath("audio")
 
 
+def shown_path(path: Path) -> str:
+    """A path as a message names it: bytes of its name that are not UTF-8 as \\xNN, as `ls -b`
+    shows them (Python keeps them as surrogates, which a terminal cannot show)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
     """Jobs in the order given; duplicates (by real path) once; raises UsageError when nothing matches."""
     jobs: list[Job] = []
@@ -138,7 +144,7 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
         if key in seen:
             return
         seen.add(key)
-        jobs.append(Job(str(path), relative, str(path)))
+        jobs.append(Job(str(path), relative, shown_path(path)))
 
     for item in inputs:
         if is_url(item):
