@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -249,6 +250,44 @@ def test_a_file_name_that_is_not_utf8_is_read_named_and_written_as_its_own_bytes
     turns = (out / os.fsdecode(b"caf\xe9.rttm")).read_bytes().splitlines()
     assert turns and all(turn.split()[1] == b"caf\xe9" for turn in turns)  # the id is the name's bytes
     assert f"{src}/caf\\xe9.wav: language en" in proc.stderr  # shown as `ls -b` shows it
+
+
+@needs_corpus
+def test_text_in_any_script_reaches_stdout_whatever_its_encoding():
+    """Japanese text onto a stdout whose encoding cannot write it: a pipe in the C locale gets
+    UTF-8, as the files; an encoding the user names gets '?' and one warning. Each was an
+    'internal error: UnicodeEncodeError' and a failed file."""
+    clip = str(corpus("ja_jsut_basic5000_0001.wav"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8")}
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FERRUM, "transcribe", clip, "-q"], capture_output=True, env={**env, **extra})
+
+    utf8 = run()
+    assert utf8.returncode == 0 and len(utf8.stdout.decode("utf-8").strip()) > 10, utf8.stderr
+    c_locale = run(LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    assert c_locale.returncode == 0 and c_locale.stdout == utf8.stdout, c_locale.stderr
+    ascii_ = run(PYTHONIOENCODING="ascii")
+    assert ascii_.returncode == 0, ascii_.stderr
+    assert ascii_.stdout.decode("ascii").strip() == "?" * len(utf8.stdout.decode("utf-8").strip())
+    warning = "warning: stdout's encoding (ascii) cannot write some of the text: '?' stands for it there"
+    assert ascii_.stderr.decode().splitlines() == [warning + "; -o writes files in UTF-8"]
+
+
+@needs_corpus
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full stands for a full disk")
+def test_a_stdout_that_cannot_take_the_text_fails_each_input_in_one_line():
+    """stdout onto a full disk: each input is one error line and counts as failed, not done and
+    failed both after an 'internal error: OSError'; a report (ferrum info) is one line too."""
+    clips = [str(corpus(JFK)), str(corpus(SHORT))]
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([FERRUM, "transcribe", *clips], stdout=full, stderr=subprocess.PIPE, text=True)
+        info = subprocess.run([FERRUM, "info", "--json"], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {clip}: cannot write to stdout: No space left on device" for clip in clips]
+    assert re.search(r"│\s+0\s+│\s+0\s+│\s+2\s+│", proc.stderr), proc.stderr  # done 0, skipped 0, failed 2
+    assert info.returncode == 1 and info.stderr == "error: cannot write to stdout: No space left on device\n"
 
 
 def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path):

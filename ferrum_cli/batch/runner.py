@@ -150,6 +150,11 @@ def run_batch(
             todo = []
         except BrokenPipeError:
             raise  # stdout's reader went away (| head): the CLI ends at once, quietly
+        except FerrumError as exc:  # from a caller's event: a segment stdout could not take
+            if debug:
+                raise
+            fail_job(todo[finished], exc.message, events, summary)
+            todo = todo[finished + 1 :]
         except Exception as exc:  # a bug must not sink the rest of a long batch
             if debug:
                 raise
@@ -208,10 +213,14 @@ def finish_job(
     except FerrumError as exc:
         fail_job(job, exc.message, events, summary)
         return
+    if events.on_result:
+        try:
+            events.on_result(job, result)  # the CLI writes stdout's results there
+        except FerrumError as exc:
+            fail_job(job, exc.message, events, summary)
+            return
     summary.done += 1
     summary.audio_seconds += result.duration
-    if events.on_result:
-        events.on_result(job, result)
 
 
 def _write_outputs(result: Transcription, paths: dict[str, Path], plan: BatchPlan) -> None:

@@ -13,9 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
+from ..errors import FerrumError
 from . import describe
 from . import serve as serve_command
-from .console import err, quiet_broken_pipe, state
+from .console import err, quiet_broken_pipe, readable_stdout, state
 from .transcribe import EXAMPLES, transcribe
 
 
@@ -77,12 +78,19 @@ def _main(
 def main() -> None:
     """The console script. A usage error is one line and exit 2. Once the output is flushed the
     process ends at once: the interpreter's teardown (torch's, mostly) has nothing left to do."""
+    readable_stdout()
     try:
         code = app(standalone_mode=False)
     except SystemExit as exc:
         code = exc.code
     except BrokenPipeError:
         code = quiet_broken_pipe()
+    except FerrumError as exc:  # raised outside call(): stdout that cannot take a report
+        err.print(f"[red]error:[/] {escape(exc.message)}")
+        code = exc.exit_code
+    except OSError as exc:  # outside every command's own handling: help onto a full disk
+        err.print(f"[red]error:[/] {escape(str(exc.strerror or exc))}")
+        code = 1
     except Exception as exc:
         code = _click_error(exc)
     if code is not None and not isinstance(code, int):  # sys.exit("message"): as Python ends it
@@ -92,6 +100,11 @@ def main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         code = quiet_broken_pipe() if not code else code
+    except OSError as exc:  # what it could not take was said per input; else it is said here
+        if not code:
+            err.print(f"[red]error:[/] cannot write to stdout: {escape(exc.strerror or str(exc))}")
+            code = 1
+        quiet_broken_pipe()  # nowhere left to fail at the interpreter's last flush
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code or 0)

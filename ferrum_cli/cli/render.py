@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 from rich.console import Console
@@ -10,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..writers import WRITERS, SubtitleLayout, render, segment_line, strict_json
-from .console import err
+from .console import err, write_stdout, writing_stdout
 
 TRANSCRIBING = "transcribing"
 
@@ -100,12 +99,8 @@ class TranscribeView:
 
     def on_result(self, job, result) -> None:
         if self.to_stdout:
-            if self.several:
-                sys.stdout.write(f"==> {job.display} <==\n")
-            for fmt in self.formats:
-                if fmt not in self.streamed:
-                    sys.stdout.write(render(result, fmt, self.layout))
-            sys.stdout.flush()
+            heading = [f"==> {job.display} <==\n"] if self.several else []
+            write_stdout(*heading, *(render(result, f, self.layout) for f in self.formats if f not in self.streamed))
         if no_speech := result.no_speech_warning():
             err.print(f"[yellow]warning:[/] {escape(job.display)}: {escape(no_speech)}")
         if result.speech and not self.quiet and self.report_language:
@@ -114,10 +109,8 @@ class TranscribeView:
             self.progress.advance_file(result.duration)
 
     def on_segment(self, job, segment) -> None:
-        for fmt in self.streamed:
-            sys.stdout.write(segment_line(segment, fmt))
         if self.streamed:
-            sys.stdout.flush()
+            write_stdout(*(segment_line(segment, fmt) for fmt in self.streamed))
         if self.verbose and not self.quiet:
             err.print(f"[dim][{segment.start:8.2f} → {segment.end:8.2f}][/] {escape(segment.text.strip())}")
 
@@ -158,7 +151,7 @@ def print_summary(summary) -> None:
 
 def print_mapping(title: str, data: dict, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(strict_json(data, indent=2, default=str) + "\n")
+        write_stdout(strict_json(data, indent=2, default=str) + "\n")
         return
     table = Table(title=title, show_header=False)
     table.add_column("key", style="bold")
@@ -170,4 +163,5 @@ def print_mapping(title: str, data: dict, as_json: bool) -> None:
             value = strict_json(value, default=str)
             value = value if len(value) < 200 else value[:197] + "…"
         table.add_row(escape(str(key)), escape(str(value)))
-    Console(emoji=False).print(table)
+    with writing_stdout():
+        Console(emoji=False).print(table)
