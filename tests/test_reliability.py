@@ -290,6 +290,26 @@ def test_a_stdout_that_cannot_take_the_text_fails_each_input_in_one_line():
     assert info.returncode == 1 and info.stderr == "error: cannot write to stdout: No space left on device\n"
 
 
+@needs_corpus
+def test_outputs_named_as_long_as_the_folder_allows_are_written_and_longer_fail_at_once(tmp_path):
+    """An output name of 242 to 255 bytes failed after the work: its temporary name is 14 bytes
+    longer. One past the limit is said before the input is decoded."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fits, too_long = "a" * (limit - len(".json")), "b" * (limit - len(".json") + 1)
+    for stem in (fits, too_long):
+        shutil.copy(corpus(SHORT), src / f"{stem}.wav")
+    proc = run_ferrum("transcribe", str(src), "-o", str(out), "-f", "json", "-f", "txt")
+    assert proc.returncode == 1
+    assert sorted(p.name for p in out.iterdir()) == [f"{fits}.json", f"{fits}.txt"]  # no temporary file left
+    assert "experience proves this" in words((out / f"{fits}.txt").read_text())
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {src}/{too_long}.wav: cannot write {out}/{too_long}.json: a file name here has at most {limit} bytes"
+    ]
+
+
 def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path):
     """Error and warning lines name each file as it is: brackets are not styles, :fire: is no emoji."""
     broken = [tmp_path / "[bold]talk.wav", tmp_path / "x:fire:y.wav"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..audio.ffmpeg import AudioStream, stream_file
 from ..errors import AudioDecodeError, FerrumError, InputError, OutputError
 from ..options import TranscribeOptions
+from ..platform.files import name_max
 from ..results import Segment, Transcription
 from ..writers import SubtitleLayout, check_inside, output_paths, render, write_atomic
 from .inputs import Job
@@ -67,8 +68,11 @@ class BatchPlan:
 
 def outputs_for(job: Job, output_dir: Path, formats: list[str]) -> dict[str, Path]:
     paths = output_paths(output_dir, job.relative, formats)
+    longest = name_max(output_dir)
     for path in paths.values():
         check_inside(output_dir, path)
+        if len(os.fsencode(path.name)) > longest:  # said before the work, not after
+            raise OutputError(f"cannot write {path}: a file name here has at most {longest} bytes")
     return paths
 
 
