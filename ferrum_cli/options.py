@@ -19,6 +19,9 @@ FALLBACK_INCREMENT = 0.2  # openai-whisper's --temperature_increment_on_fallback
 
 def temperatures(start: float, increment: float | None) -> tuple[float, ...]:
     """The temperatures tried in turn: from `start`, raised by `increment` on each fallback, up to 1."""
+    _within("temperature", start, 0.0, 1.0)  # nan passes a range check; it would fail below
+    if increment is not None:
+        _within("temperature_increment_on_fallback", increment, -math.inf, math.inf)
     if increment is None or increment <= 0:
         return (start,)
     steps = int(round((1.0 - start) / increment)) + 1
@@ -121,6 +124,11 @@ class TranscribeOptions:
                 _within(name, getattr(self, name), 1, math.inf)
         if self.patience is not None:
             _within("patience", self.patience, 0.0, math.inf)
+            if self.beam_size is None:
+                raise UsageError(f"{named('patience')} needs {named('beam_size')}")
+            if round(self.beam_size * self.patience) < 1:  # beam search ends at round(size x patience) finished
+                least = f"above {0.5 / self.beam_size:g} with {named('beam_size')} {self.beam_size}"
+                raise UsageError(f"{named('patience')} must be {least}, not {self.patience!r}")
         if not self.temperature:
             raise UsageError("temperature needs at least one value")
         for temperature in self.temperature:

@@ -238,6 +238,13 @@ def test_bad_option_values_exit_2():
     assert run_ferrum("transcribe", str(SAMPLE), "--compute", "fp8").returncode == 2
     proc = run_ferrum("transcribe", str(SAMPLE), "--device", "cuda:7")
     assert proc.returncode == 2 and "available: cpu" in proc.stderr
+    for bad, said in (  # each was an internal error or a failed file, past click's range checks
+        (["--temperature", "nan"], "temperature must be a number, not nan"),
+        (["--patience", "2"], "--patience needs --beam-size"),
+        (["--patience", "0.1", "--beam-size", "5"], "--patience must be above 0.1 with --beam-size 5, not 0.1"),
+    ):
+        proc = run_ferrum("transcribe", str(SAMPLE), *bad)
+        assert proc.returncode == 2 and proc.stderr == f"error: {said}\n", proc.stderr
 
 
 def test_info_as_table_and_json():
