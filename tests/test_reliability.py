@@ -373,7 +373,7 @@ def _batch_dir(tmp_path: Path, n: int) -> Path:
     return src
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, code):
     """Batches of 4 windows (two clips packed in each), so that the signal comes with more to do."""
     src, out = _batch_dir(tmp_path, 24), tmp_path / "out"
@@ -383,8 +383,9 @@ def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, cod
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # as from a terminal: a test run started in the background of a script inherits SIGINT ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # as from a terminal: a test run started in the background of a script, or under nohup,
+        # inherits SIGINT or SIGHUP ignored
+        preexec_fn=lambda: [signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGHUP)],
     )
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "clip00.json").exists():

@@ -228,14 +228,18 @@ def finish_job(
 
 
 def _write_outputs(result: Transcription, paths: dict[str, Path], plan: BatchPlan) -> None:
-    with _signals_held():  # Ctrl-C or SIGTERM waits for all of this input's outputs
+    with _signals_held():  # Ctrl-C, SIGTERM or SIGHUP waits for all of this input's outputs
         for fmt, path in paths.items():
             write_atomic(path, render(result, fmt, plan.layout))
 
 
+# Ctrl-C, kill, and a terminal closed (an ssh session gone) under a batch that was not nohup'd
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back while one input's outputs are written: each output is
+    """Hold Ctrl-C, SIGTERM and SIGHUP back while one input's outputs are written: each output is
     renamed into place whole, and this keeps the set of them whole too (a .txt never without
     its .json), so --skip-existing can trust what it finds after an interruption.
 
@@ -245,7 +249,7 @@ def _signals_held() -> Iterator[None]:
         yield  # signal handlers can only be changed from the main thread
         return
     caught: list[int] = []
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in previous:
         signal.signal(sig, lambda signum, frame: caught.append(signum))
     try:

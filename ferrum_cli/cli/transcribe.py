@@ -378,6 +378,8 @@ def transcribe(
     view = TranscribeView(formats, layout, output_dir is None, len(jobs) > 1, quiet, verbose, live)
     view.report_language = options.language is None  # detected: say which it was
     signal.signal(signal.SIGTERM, on_signal)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # nohup's stays ignored
+        signal.signal(signal.SIGHUP, on_signal)  # the terminal closed: end as SIGTERM does, outputs whole
     if skip_existing and output_dir is not None and all(is_complete(outputs_for(j, output_dir, formats)) for j in jobs):
         view.finish(BatchSummary(skipped=len(jobs)))
         return
@@ -482,7 +484,7 @@ def _check_subtitle_options(layout, word_timestamps: bool) -> None:
 def _run(plan, view, model: str, device: str, dtype: str, threads: int | None, cluster=None) -> None:
     """Load the model (ffmpeg starts on the first inputs meanwhile), or hand the batch to the
     cluster's workers, run it, and end with the summary and the exit code: 1 if an input failed,
-    130/143 when interrupted."""
+    130/143/129 when interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
     from ..batch.runner import BatchSummary, run_batch, start_decoding
 
     summary = BatchSummary()
