@@ -76,6 +76,13 @@ def run_ferrum(
     return proc
 
 
+def as_from_a_terminal() -> None:
+    """preexec_fn for a ferrum that a test interrupts: Ctrl-C and SIGHUP as a terminal leaves
+    them. A run started in the background of a script, or under nohup, inherits them ignored."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def run_ferrum_on_a_terminal(*args: str):
     """The real executable with stderr on a pseudo-terminal, where rich draws its progress, and
     stdout a pipe; returns CompletedProcess with text stdout and stderr (the terminal's bytes)."""

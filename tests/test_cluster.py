@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CORPUS, FERRUM, corpus_rows, diarization_error_rate, free_port, needs_corpus, run_ferrum
+from .helpers import (
+    CORPUS,
+    FERRUM,
+    as_from_a_terminal,
+    corpus_rows,
+    diarization_error_rate,
+    free_port,
+    needs_corpus,
+    run_ferrum,
+)
 
 ray = pytest.importorskip("ray", reason="Ray is the cluster extra (make install)")
 pytestmark = pytest.mark.cluster
@@ -144,7 +153,10 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
             shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")  # copies: the same file twice is one input
     out = tmp_path / "out"
     args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "--cluster", cluster]
-    driver = subprocess.Popen([FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=as_from_a_terminal,
+    )  # fmt: skip
     deadline = time.monotonic() + 180
     while not (out.exists() and list(out.glob("*.json"))) and time.monotonic() < deadline:
         time.sleep(0.1)

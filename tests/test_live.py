@@ -21,6 +21,7 @@ from .helpers import (
     JFK,
     PACER,
     SAMPLE,
+    as_from_a_terminal,
     clip_text,
     corpus,
     errors_against,
@@ -94,7 +95,7 @@ def test_ctrl_c_keeps_every_segment_printed_in_whole_files(joined, tmp_path):
     pacer = subprocess.Popen([sys.executable, "-c", PACER, str(path), "2"], stdout=subprocess.PIPE)
     ferrum = subprocess.Popen(
         [FERRUM, "transcribe", "-", "--live", "-o", str(out), "-f", "txt", "-f", "json", "--stdin-name", "talk"],
-        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal,
     )  # fmt: skip
     pacer.stdout.close()
     deadline = time.monotonic() + 60

@@ -16,7 +16,7 @@ import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
 
-from .helpers import FERRUM, JFK, SAMPLE, corpus, needs_corpus, run_ferrum, wav_bytes, words
+from .helpers import FERRUM, JFK, SAMPLE, as_from_a_terminal, corpus, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 
@@ -383,9 +383,7 @@ def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, cod
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # as from a terminal: a test run started in the background of a script, or under nohup,
-        # inherits SIGINT or SIGHUP ignored
-        preexec_fn=lambda: [signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGHUP)],
+        preexec_fn=as_from_a_terminal,
     )
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "clip00.json").exists():
