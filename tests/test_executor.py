@@ -11,10 +11,11 @@ import pytest
 
 from ferrum_cli.audio.constants import SAMPLE_RATE
 from ferrum_cli.audio.ffmpeg import decode_file
+from ferrum_cli.audio.windows import BLOCK
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
-from .helpers import JFK, SAMPLE, corpus, corpus_rows, needs_corpus, wav_bytes, words
+from .helpers import JFK, SAMPLE, corpus, corpus_rows, joined_clips, needs_corpus, wav_bytes, words
 
 
 @needs_corpus
@@ -35,6 +36,18 @@ def test_jfk_through_the_default_pack(executor):
 )
 def test_bytes_give_the_same_text_as_the_file(executor, name):
     path = corpus(name)
+    assert executor.transcribe_bytes(path.read_bytes()) == executor.transcribe_file(path)
+
+
+@needs_corpus
+def test_bytes_of_a_recording_longer_than_a_planning_block_give_the_file_text(executor, tmp_path):
+    """Windows are planned 4 minutes at a time. Bytes (stdin, an upload) are decoded whole, and
+    were planned as one block: 20 minutes piped in read differently from the same file."""
+    rows = [row for row in corpus_rows() if row["language"] == "en" and row["reference_transcript"] != "none"]
+    samples, _ = joined_clips([row["file"] for row in rows] * 3, gap_seconds=1.0)  # 5 minutes
+    assert len(samples) > BLOCK
+    path = tmp_path / "long.wav"
+    path.write_bytes(wav_bytes(samples))
     assert executor.transcribe_bytes(path.read_bytes()) == executor.transcribe_file(path)
 
 

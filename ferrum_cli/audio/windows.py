@@ -129,17 +129,21 @@ def plan_windows(
     buffer = np.zeros(0, np.float32)
     offset = 0  # absolute sample index of buffer[0]
     chunks = iter(chunks)
+    unread: np.ndarray | None = None  # the part of a chunk past the last block
     exhausted = False
     while not exhausted:
-        parts = [buffer]
-        size = len(buffer)
-        while size < BLOCK + len(buffer):
-            chunk = next(chunks, None)
+        # BLOCK new samples exactly, however the input comes in chunks (a file's, or bytes decoded
+        # whole): where blocks end moves the windows, and so the text
+        parts, wanted = [buffer], BLOCK
+        while wanted:
+            chunk, unread = (unread, None) if unread is not None else (next(chunks, None), None)
             if chunk is None:
                 exhausted = True
                 break
+            if len(chunk) > wanted:
+                chunk, unread = chunk[:wanted], chunk[wanted:]
             parts.append(chunk)
-            size += len(chunk)
+            wanted -= len(chunk)
         buffer = np.concatenate(parts)
         if len(buffer) == 0:
             return
