@@ -4,6 +4,8 @@ The helpers the tests share are in helpers.py."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -16,6 +18,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def pytest_configure(config) -> None:
+    """make test's controller (two processes, pytest-xdist): one model cache for both, made here,
+    where this CPU's compute path for `--compute auto` is measured while the cores are free. A
+    worker measuring it beside the other can pick another path, whose words differ
+    (docs/performance.md, "Several processes at once")."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    if "FERRUM_TEST_KEEP_CACHE" not in os.environ:
+        cache = tempfile.mkdtemp(prefix="ferrum-cache-")
+        os.environ["FERRUM_CACHE_DIR"] = cache
+        config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    os.environ["FERRUM_TEST_SHARED_CACHE"] = "1"
+    import torch
+
+    from ferrum_cli.engine.encoder import cpu_auto_compute
+
+    threads = torch.get_num_threads()
+    for count in sorted({1, threads}):  # remembered per thread count: the tests' --threads 1 too
+        torch.set_num_threads(count)
+        cpu_auto_compute()
+    torch.set_num_threads(threads)
+
+
 def pytest_sessionstart(session) -> None:
     """Said once, at the top of the run (with -q too), rather than only in each skip's reason."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -25,8 +50,9 @@ def pytest_sessionstart(session) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One model cache for the whole run, away from the user's own."""
-    if "FERRUM_TEST_KEEP_CACHE" not in os.environ:
+    """One model cache for the whole run, away from the user's own (with two processes, the
+    controller's: pytest_configure)."""
+    if "FERRUM_TEST_KEEP_CACHE" not in os.environ and "FERRUM_TEST_SHARED_CACHE" not in os.environ:
         os.environ["FERRUM_CACHE_DIR"] = str(tmp_path_factory.mktemp("ferrum-cache"))
 
 
