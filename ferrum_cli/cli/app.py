@@ -89,7 +89,8 @@ def main() -> None:
         err.print(f"[red]error:[/] {escape(exc.message)}")
         code = exc.exit_code
     except OSError as exc:  # outside every command's own handling: help onto a full disk
-        err.print(f"[red]error:[/] {escape(str(exc.strerror or exc))}")
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"[red]error:[/] {escape(where + str(exc.strerror or exc))}")
         code = 1
     except Exception as exc:
         code = _click_error(exc)
