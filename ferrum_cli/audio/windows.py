@@ -136,7 +136,8 @@ def plan_windows(
         # whole): where blocks end moves the windows, and so the text
         parts, wanted = [buffer], BLOCK
         while wanted:
-            chunk, unread = (unread, None) if unread is not None else (next(chunks, None), None)
+            chunk = unread if unread is not None else next(chunks, None)
+            unread = None
             if chunk is None:
                 exhausted = True
                 break

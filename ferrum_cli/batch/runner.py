@@ -154,15 +154,12 @@ def run_batch(
             todo = []
         except BrokenPipeError:
             raise  # stdout's reader went away (| head): the CLI ends at once, quietly
-        except FerrumError as exc:  # from a caller's event: a segment stdout could not take
-            if debug:
-                raise
-            fail_job(todo[finished], exc.message, events, summary)
-            todo = todo[finished + 1 :]
         except Exception as exc:  # a bug must not sink the rest of a long batch
             if debug:
                 raise
-            fail_job(todo[finished], f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], events, summary)
+            # a FerrumError here comes from a caller's event: a segment stdout could not take
+            reason = exc.message if isinstance(exc, FerrumError) else f"internal error: {type(exc).__name__}: {exc}"
+            fail_job(todo[finished], reason.splitlines()[0], events, summary)
             todo = todo[finished + 1 :]
     return summary
 
