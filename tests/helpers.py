@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import signal
 import socket
@@ -74,6 +75,13 @@ def run_ferrum(
     proc.stdout = proc.stdout.decode("utf-8", "replace")
     proc.stderr = proc.stderr.decode("utf-8", "replace")
     return proc
+
+
+def summary_counts(stderr: str) -> tuple[int, int, int]:
+    """(done, skipped, failed) from `ferrum transcribe`'s summary table."""
+    row = next(line for line in stderr.splitlines() if re.match(r"^│\s+\d+\s+│", line))
+    done, skipped, failed = (int(x) for x in re.findall(r"│\s+(\d+)\s+(?=│)", row)[:3])
+    return done, skipped, failed
 
 
 def as_from_a_terminal() -> None:

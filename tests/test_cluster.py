@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -28,6 +27,7 @@ from .helpers import (
     free_port,
     needs_corpus,
     run_ferrum,
+    summary_counts,
 )
 
 ray = pytest.importorskip("ray", reason="Ray is the cluster extra (make install)")
@@ -73,13 +73,6 @@ def worker_pids(running: bool = False) -> list[int]:
     listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     wanted = WORKER + (".transcribe" if running else "")
     return [int(line.split()[0]) for line in listing.splitlines() if wanted in line]
-
-
-def summary_counts(stderr: str) -> tuple[int, int, int]:
-    """(done, skipped, failed) from the summary table."""
-    row = next(line for line in stderr.splitlines() if re.match(r"^│\s+\d+\s+│", line))
-    done, skipped, failed = (int(x) for x in re.findall(r"│\s+(\d+)\s+(?=│)", row)[:3])
-    return done, skipped, failed
 
 
 def outputs(folder: Path) -> dict[str, bytes]:
