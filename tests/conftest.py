@@ -19,10 +19,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_configure(config) -> None:
-    """make test's controller (two processes, pytest-xdist): one model cache for both, made here,
-    where this CPU's compute path for `--compute auto` is measured while the cores are free. A
-    worker measuring it beside the other can pick another path, whose words differ
-    (docs/performance.md, "Several processes at once")."""
+    """make test's controller (two processes, pytest-xdist): one model cache, made here, that
+    both share."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         return
     if "FERRUM_TEST_KEEP_CACHE" not in os.environ:
@@ -30,15 +28,6 @@ def pytest_configure(config) -> None:
         os.environ["FERRUM_CACHE_DIR"] = cache
         config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
     os.environ["FERRUM_TEST_SHARED_CACHE"] = "1"
-    import torch
-
-    from ferrum_cli.engine.encoder import cpu_auto_compute
-
-    threads = torch.get_num_threads()
-    for count in sorted({1, threads}):  # remembered per thread count: the tests' --threads 1 too
-        torch.set_num_threads(count)
-        cpu_auto_compute()
-    torch.set_num_threads(threads)
 
 
 def pytest_sessionstart(session) -> None:

@@ -16,13 +16,15 @@ from ..platform.cpu import (
     half_products_available,
     int8_available,
     int8_sums_exactly,
+    single_threaded,
 )
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
     import torch
 
 SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
-MEASURE_VERSION = 4  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one
+MEASURE_VERSION = 5  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one;
+# 5: on one thread, in its own CPU time
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -66,8 +68,8 @@ def cpu_auto_compute() -> str:
     """What `--compute auto` runs the encoder in on this CPU: float32, bfloat16 or int8.
 
     Instructions do not make a compute faster on every CPU (docs/performance.md), so each one
-    this CPU can run as well as float32 is measured once per CPU, torch version and thread
-    count, and the answer remembered: bfloat16 where it has bfloat16 instructions, int8 where
+    this CPU can run as well as float32 is measured once per CPU and torch version, and the
+    answer remembered: bfloat16 where it has bfloat16 instructions, int8 where
     its int8 products sum 8-bit operands exactly (VNNI; with 7-bit weights, AVX2's, words
     change).
     """
@@ -80,7 +82,7 @@ def cpu_auto_compute() -> str:
 
     from ..weights.cache import remembered
 
-    machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{torch.get_num_threads()}"
+    machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}"
     key = hashlib.sha256(f"{machine}|{candidates}".encode()).hexdigest()[:16]
     answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
     return answer if answer in candidates else "float32"
@@ -126,10 +128,26 @@ def cpu_path() -> dict:
 
 
 def _fastest(candidates: list[str]) -> str:
-    """The candidate in which one encoder block of base (1500 frames, width 512) runs the fastest,
-    as the encoder runs it, best of interleaved rounds (a slow spell hits all). candidates go
-    from the most exact; each is taken only when SPEEDUP_NEEDED times faster than the one chosen
-    before it, so that two paths of about one speed (bfloat16 and int8) do not swap run to run."""
+    """The candidate in which one encoder block of base runs the fastest, as _pick takes it."""
+    return _pick(_block_seconds(candidates))
+
+
+def _pick(seconds: dict[str, float], speedup_needed: float = SPEEDUP_NEEDED) -> str:
+    """seconds' keys go from the most exact path; each is taken only when speedup_needed times
+    faster than the one chosen before it, so that two paths of about one speed (bfloat16 and
+    int8) do not swap run to run."""
+    chosen = "float32"
+    for compute in seconds:  # from the most exact: each rounds more, so it must be clearly faster
+        if seconds[chosen] > speedup_needed * seconds[compute]:
+            chosen = compute
+    return chosen
+
+
+def _block_seconds(candidates: list[str], rounds: int = 3) -> dict[str, float]:
+    """CPU seconds of one encoder block of base (1500 frames, width 512) in each candidate, as
+    the encoder runs it, best of interleaved rounds. Timed on one thread in that thread's own CPU
+    time: what other processes run does not count, where wall time on every thread let a busy
+    machine pick a slower path, which was then remembered (docs/performance.md)."""
     import time
 
     import torch
@@ -143,18 +161,14 @@ def _fastest(candidates: list[str]) -> str:
     with_encoder_attention([block])
     blocks = {compute: int8_layers(block, 127) if compute == "int8" else block for compute in candidates}
     best = dict.fromkeys(candidates, float("inf"))
-    with torch.no_grad():
-        for _ in range(3):
+    with torch.no_grad(), single_threaded():
+        for _ in range(rounds):
             for compute in candidates:
-                start = time.perf_counter()
+                start = time.thread_time()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == "bfloat16"):
                     blocks[compute](x)
-                best[compute] = min(best[compute], time.perf_counter() - start)
-    chosen = "float32"
-    for compute in candidates:  # from the most exact: each rounds more, so it must be clearly faster
-        if best[chosen] > SPEEDUP_NEEDED * best[compute]:
-            chosen = compute
-    return chosen
+                best[compute] = min(best[compute], time.thread_time() - start)
+    return best
 
 
 def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:
