@@ -48,7 +48,8 @@ class _Callbacks:
             return (lambda value, *_: told.put((callback, key, value))) if callback else None
 
         return Ticket(
-            audio_opener(source), options, tell(self.on_segment), lambda result: told.put((None, number, result)),
+            audio_opener(source, options.audio_stream), options, tell(self.on_segment),
+            lambda result: told.put((None, number, result)),
             live=isinstance(source, AudioStream) and source.live, on_progress=tell(self.on_progress),
             on_partial=tell(self.on_partial), on_step=tell(self.on_step),
         )  # fmt: skip
@@ -400,8 +401,9 @@ def verify_ahead(model: str) -> None:
     start_verifying(model)
 
 
-def audio_opener(source: AudioSource) -> Callable:
-    """What the engine calls to start an input: its audio chunks, decoded by ffmpeg as they are read."""
+def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callable:
+    """What the engine calls to start an input: its audio chunks, decoded by ffmpeg as they are
+    read. audio_stream: which of a file's audio streams (TranscribeOptions.audio_stream)."""
     import numpy as np
 
     from .audio.ffmpeg import decode_bytes, stream_file
@@ -411,10 +413,10 @@ def audio_opener(source: AudioSource) -> Callable:
     if isinstance(source, AudioStream):
         return lambda: source
     if callable(source):
-        return lambda: decode_bytes(source())
+        return lambda: decode_bytes(source(), audio_stream)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return lambda: decode_bytes(bytes(source))
-    return lambda: stream_file(source)
+        return lambda: decode_bytes(bytes(source), audio_stream)
+    return lambda: stream_file(source, audio_stream=audio_stream)
 
 
 def _describe(weights_info: dict, params: int | None, device: str | None, dtype: str | None) -> dict:

@@ -61,6 +61,9 @@ class KnownSpeaker:
 class TranscribeOptions:
     """Everything that changes the text of a transcription, with openai-whisper's defaults."""
 
+    # what to read
+    audio_stream: int | None = None  # which of an input's audio streams, from 0; None: the one ffmpeg picks
+
     # what to produce
     language: str | None = None  # a Whisper language code; None: detect it
     languages: tuple[str, ...] = ()  # with language None: the languages detection may pick, codes; (): any
@@ -109,6 +112,8 @@ class TranscribeOptions:
         UsageError naming the first that is not. compute, and the model's and the machine's limits
         (an English-only model, int8 on this CPU), are the executor's check_options. named: an
         option as the caller's users know it (the CLI: its flag) where two options disagree."""
+        if self.audio_stream is not None:
+            _within("audio_stream", self.audio_stream, 0, math.inf)
         if self.task not in TASKS:
             raise UsageError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.language is not None and language_code(self.language) != self.language:

@@ -382,7 +382,7 @@ def test_what_a_file_would_warn_of_goes_to_the_servers_log(server, tmp_path):
     )  # fmt: skip
     answer = post(server, files={"file": ("tracks.mka", tracks.read_bytes())}, data={"language": "en"})
     assert answer.status_code == 200 and "ask not what your country" in words(answer.json()["text"])
-    assert "'tracks.mka': 2 audio streams: only stream 0:0 was transcribed" in server.output()
+    assert "'tracks.mka': read audio stream 0 of 2 (0, 1)" in server.output()
 
 
 # -- load ----------------------------------------------------------------------------------

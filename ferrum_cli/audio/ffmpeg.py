@@ -70,12 +70,14 @@ def is_url(text: str) -> bool:
 
 
 def _decode_args(
-    source: str, start: float | None = None, input_format: str | None = None, live: bool = False
-) -> list[str]:
+    source: str, start: float | None = None, input_format: str | None = None, live: bool = False,
+    audio_stream: int | None = None,
+) -> list[str]:  # fmt: skip
     """ffmpeg's argument list, built with ffmpeg-python and never passed to a shell.
 
     live: output as soon as decoded (no probing ahead, each packet flushed), for audio that
-    arrives in real time; input_format: a capture device's (alsa, pulse, avfoundation, dshow, lavfi).
+    arrives in real time; input_format: a capture device's (alsa, pulse, avfoundation, dshow, lavfi);
+    audio_stream: which of the input's audio streams, from 0 (ffmpeg's `-map 0:a:N`); None: ffmpeg's pick.
     """
     import ffmpeg
 
@@ -91,7 +93,10 @@ def _decode_args(
     # would, to the bit, unless the channels cancel; the WAV header says which ffmpeg chose
     # the source goes in after: ffmpeg-python hashes its arguments as UTF-8, which a file name
     # that is not UTF-8 (its bytes kept by Python as surrogates) cannot be
-    stream = ffmpeg.input(SOURCE_SLOT, **in_kwargs).output(
+    stream = ffmpeg.input(SOURCE_SLOT, **in_kwargs)
+    if audio_stream is not None:
+        stream = stream[f"a:{audio_stream}"]
+    stream = stream.output(
         "pipe:", format="wav", acodec="pcm_f32le", ar=SAMPLE_RATE, af="aformat=channel_layouts=mono|stereo",
         **out_kwargs,
     )  # fmt: skip
@@ -151,13 +156,14 @@ class FFmpegLog:
     errors: list[str]
     declared_seconds: float | None
     audio_streams: list[str] = field(default_factory=list)  # "0:1", or "0:1 (eng)" where tagged
+    chosen_stream: int | None = None  # the audio stream asked for (--audio-stream), from 0
     has_video: bool = False
     read_stream: str | None = None  # the audio stream ffmpeg chose, as "0:1"
     stream_seconds: dict[str, float] = field(default_factory=dict)  # per stream, where it declares its own
 
     @classmethod
-    def parse(cls, stderr: str) -> FFmpegLog:
-        log, stream, in_input = cls([], None), None, True
+    def parse(cls, stderr: str, chosen_stream: int | None = None) -> FFmpegLog:
+        log, stream, in_input = cls([], None, chosen_stream=chosen_stream), None, True
         for line in stderr.splitlines():
             m = _TAG.match(line.strip())
             if not m:
@@ -188,6 +194,9 @@ class FFmpegLog:
         if not self.errors:
             return "no audio decoded"
         if any("does not contain any stream" in e or "matches no streams" in e for e in self.errors):
+            if self.chosen_stream is not None and self.audio_streams:
+                streams = f"{len(self.audio_streams)} ({self._numbered_streams()})"
+                return f"no audio stream {self.chosen_stream}: it has {streams}"
             return "no audio stream"
         if source == "pipe:0" and any(e.endswith("partial file") for e in self.errors):
             return "an mp4 or m4a whose index comes last cannot be read from a pipe: give its file"
@@ -202,14 +211,17 @@ class FFmpegLog:
         found = []
         if truncated := self._truncated(decoded_seconds, source):
             found.append(truncated)
-        if len(self.audio_streams) > 1:
-            read = next((s for s in self.audio_streams if s.split()[0] == self.read_stream), self.read_stream)
-            others = ", ".join(s for s in self.audio_streams if s != read)
+        if len(self.audio_streams) > 1 and self.chosen_stream is None:
+            ids = [s.split()[0] for s in self.audio_streams]
+            read = ids.index(self.read_stream) if self.read_stream in ids else 0
             found.append(
-                f"{len(self.audio_streams)} audio streams: only stream {read} was transcribed, not {others} "
-                "(ffmpeg -map picks or mixes streams)"
+                f"read audio stream {read} of {len(ids)} ({self._numbered_streams()}); --audio-stream picks another"
             )
         return found
+
+    def _numbered_streams(self) -> str:
+        """The audio streams as --audio-stream counts them, with their languages: "0, 1 (eng)"."""
+        return ", ".join(f"{n}{s[len(s.split()[0]) :]}" for n, s in enumerate(self.audio_streams))
 
     def _truncated(self, decoded_seconds: float, source: str) -> str | None:
         declared = self._declared_audio_seconds()
@@ -259,7 +271,7 @@ class DecodedAudio:
         yield self.samples
 
 
-def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAudio:
+def _run_decoder(args: list[str], source: str, data: bytes | None, audio_stream: int | None) -> DecodedAudio:
     proc = subprocess.run(
         args,
         input=data,
@@ -267,7 +279,7 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
         capture_output=True,
         check=False,
     )
-    log = FFmpegLog.parse(proc.stderr.decode("utf-8", "replace"))
+    log = FFmpegLog.parse(proc.stderr.decode("utf-8", "replace"), audio_stream)
     out = io.BytesIO(proc.stdout)
     channels = read_wav_header(out)
     samples = to_mono(out.read(), channels) if channels else np.zeros(0, np.float32)
@@ -276,30 +288,31 @@ def _run_decoder(args: list[str], source: str, data: bytes | None) -> DecodedAud
     return DecodedAudio(samples, log.warnings(samples.size / SAMPLE_RATE, source))
 
 
-def decode_file(path: str | os.PathLike[str]) -> DecodedAudio:
+def decode_file(path: str | os.PathLike[str], audio_stream: int | None = None) -> DecodedAudio:
     """A whole file at once, for callers of the library (the tests and the bench read clips so);
-    the engines stream theirs (stream_file)."""
+    the engines stream theirs (stream_file). audio_stream: as _decode_args."""
     p = Path(path)
     if not stat.S_ISREG(_check_readable(p).st_mode):  # a FIFO, or <(...)'s /dev/fd/N that only we hold
         with open(p, "rb") as pipe:
-            return decode_bytes(pipe.read())
+            return decode_bytes(pipe.read(), audio_stream)
     source = os.path.abspath(p)  # an absolute name can never read as an ffmpeg option
-    return _run_decoder(_decode_args(source), source, None)
+    return _run_decoder(_decode_args(source, audio_stream=audio_stream), source, None, audio_stream)
 
 
-def decode_bytes(data: bytes) -> DecodedAudio:
+def decode_bytes(data: bytes, audio_stream: int | None = None) -> DecodedAudio:
     """Bytes go to ffmpeg on stdin, and, where it cannot read them so, from a temporary file: an
-    mp4 or m4a whose index comes last (ffmpeg's own default, and many recorders') needs to seek."""
+    mp4 or m4a whose index comes last (ffmpeg's own default, and many recorders') needs to seek.
+    audio_stream: as _decode_args."""
     if not data:
         raise AudioDecodeError("empty input")
     try:
-        return _run_decoder(_decode_args("pipe:0"), "pipe:0", data)
+        return _run_decoder(_decode_args("pipe:0", audio_stream=audio_stream), "pipe:0", data, audio_stream)
     except AudioDecodeError as piped:
         try:
             with tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
                 copy.write(data)
                 copy.flush()
-                return _run_decoder(_decode_args(copy.name), copy.name, None)
+                return _run_decoder(_decode_args(copy.name, audio_stream=audio_stream), copy.name, None, audio_stream)
         except (AudioDecodeError, OSError):
             raise piped from None  # not audio either way: the first complaint
 
@@ -329,12 +342,12 @@ class AudioStream:
     WebSocket's). start() spawns ffmpeg ahead of reading: a short input decodes whole into
     the pipe while the caller loads the model on the other core. `warnings` are set once the
     stream is exhausted (FFmpegLog.warnings: a truncated input, streams left unread). live: chunks of 0.1 s as
-    soon as they are decoded, for audio that arrives while it is transcribed.
+    soon as they are decoded, for audio that arrives while it is transcribed. audio_stream: as _decode_args.
     """
 
     def __init__(
         self, path: str | os.PathLike[str], chunk_seconds: float = 30.0, live: bool = False,
-        input_format: str | None = None, feed: Iterable[bytes] | None = None,
+        input_format: str | None = None, feed: Iterable[bytes] | None = None, audio_stream: int | None = None,
     ) -> None:  # fmt: skip
         self.feed = feed
         self.pipe_from: str | None = None  # a FIFO or /dev/fd/N: opened here, read by ffmpeg on its stdin
@@ -347,12 +360,13 @@ class AudioStream:
             self.source = os.path.abspath(p)
             if not stat.S_ISREG(_check_readable(p).st_mode):  # <(...)'s /dev/fd/N is not ffmpeg's to open
                 self.pipe_from, self.source = self.source, "pipe:0"
-        self.live, self.input_format = live, input_format
+        self.live, self.input_format, self.audio_stream = live, input_format, audio_stream
         self.chunk_bytes = int((LIVE_CHUNK_SECONDS if live else chunk_seconds) * SAMPLE_RATE) * 4
         self.warnings: list[str] = []
         self._started: subprocess.Popen | None = None
         local = not (live or input_format or self.source == "pipe:0" or is_url(self.source))
-        self.wav = plain_wav(self.source) if local else None  # a WAV Whisper can read as it is: no ffmpeg
+        # a WAV Whisper can read as it is: no ffmpeg (a WAV has one stream: ffmpeg says so of any other)
+        self.wav = plain_wav(self.source) if local and not audio_stream else None
 
     def start(self) -> AudioStream:
         if self._started is None and self.wav is None:
@@ -370,7 +384,9 @@ class AudioStream:
         stdin = None if self.source == "pipe:0" else subprocess.DEVNULL  # pipe:0: ffmpeg reads ours
         with open(self.pipe_from, "rb") if self.pipe_from else nullcontext(stdin) as stdin:
             proc = subprocess.Popen(
-                _decode_args(self.source, input_format=self.input_format, live=self.live),
+                _decode_args(
+                    self.source, input_format=self.input_format, live=self.live, audio_stream=self.audio_stream
+                ),
                 stdin=subprocess.PIPE if self.feed is not None else stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -415,7 +431,7 @@ class AudioStream:
             proc.stdout.close()
             proc.wait()
             drain.join()
-        log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"))
+        log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"), self.audio_stream)
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))
         self.warnings = log.warnings(total / SAMPLE_RATE, self.source)
@@ -476,5 +492,7 @@ def _write_feed(feed: Iterable[bytes], pipe) -> None:
             pass
 
 
-def stream_file(path: str | os.PathLike[str], chunk_seconds: float = 30.0) -> AudioStream:
-    return AudioStream(path, chunk_seconds)
+def stream_file(
+    path: str | os.PathLike[str], chunk_seconds: float = 30.0, audio_stream: int | None = None
+) -> AudioStream:
+    return AudioStream(path, chunk_seconds, audio_stream=audio_stream)

@@ -88,7 +88,9 @@ class TranscriptionWorker:
             outcome.append(result)
             done.set()
 
-        self.service.submit(Ticket(audio_opener(source), options, lambda segment, language: None, on_done))
+        self.service.submit(
+            Ticket(audio_opener(source, options.audio_stream), options, lambda segment, language: None, on_done)
+        )
         done.wait()
         return outcome[0]
 

@@ -107,7 +107,7 @@ def start_decoding(plan: BatchPlan) -> Iterator[dict[Job, AudioStream]]:
                     )
                 ):
                     continue
-                started[job] = stream_file(job.source).start()
+                started[job] = stream_file(job.source, audio_stream=plan.options.audio_stream).start()
             except (FerrumError, OSError):
                 continue
         yield started
@@ -168,7 +168,7 @@ def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
     """What the executor reads for a job: a live stream, stdin's bytes, a started decoder, or the path."""
     if plan.live and job.is_stream:
         source = "pipe:0" if job.is_stdin else job.source
-        return AudioStream(source, live=True, input_format=job.capture_format)
+        return AudioStream(source, live=True, input_format=job.capture_format, audio_stream=plan.options.audio_stream)
     if job.is_stdin:
         return read_stdin
     return started.get(job, job.source)

@@ -120,8 +120,8 @@ class TranscribeView:
             self.progress.advance_file(0.0)
 
     def on_warning(self, job, message: str) -> None:
-        if not self.quiet:
-            err.print(f"[yellow]warning:[/] {escape(job.display)}: {escape(message)}")
+        """Shown with -q too: most say audio went unread (a truncated input, other audio streams)."""
+        err.print(f"[yellow]warning:[/] {escape(job.display)}: {escape(message)}")
 
     def stop_progress(self) -> None:
         if self.progress:

@@ -137,6 +137,16 @@ def transcribe(
         ),
     ] = False,
     stdin_name: Annotated[str, typer.Option(help="Output stem for stdin.", rich_help_panel=IO_PANEL)] = "stdin",
+    audio_stream: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Read each input's Nth audio stream, from 0; default: ffmpeg's pick.",
+            min=0,
+            rich_help_panel=IO_PANEL,
+            show_default=False,
+        ),
+    ] = None,
     live: Annotated[
         bool,
         typer.Option(
@@ -157,7 +167,7 @@ def transcribe(
     ] = None,
     quiet: Annotated[
         bool,
-        typer.Option("--quiet", "-q", help="Only results, errors and lost-speech warnings.", rich_help_panel=IO_PANEL),
+        typer.Option("--quiet", "-q", help="Only results, errors and warnings.", rich_help_panel=IO_PANEL),
     ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Segments on stderr as they are decoded.", rich_help_panel=IO_PANEL)
@@ -405,9 +415,10 @@ def options_from(arguments: dict) -> TranscribeOptions:
         min_silence_duration_ms=a.vad_min_silence_ms, speech_pad_ms=a.vad_speech_pad_ms,
     )  # fmt: skip
     options = TranscribeOptions(
-        language=language_code(a.language), languages=language_codes((a.languages or "").split(",")),
-        task=a.task.value, multilingual=a.multilingual, beam_size=a.beam_size, best_of=a.best_of,
-        patience=a.patience, temperature=temperatures(a.temperature, a.temperature_increment_on_fallback),
+        audio_stream=a.audio_stream, language=language_code(a.language),
+        languages=language_codes((a.languages or "").split(",")), task=a.task.value, multilingual=a.multilingual,
+        beam_size=a.beam_size, best_of=a.best_of, patience=a.patience,
+        temperature=temperatures(a.temperature, a.temperature_increment_on_fallback),
         compression_ratio_threshold=a.compression_ratio_threshold, logprob_threshold=a.logprob_threshold,
         no_speech_threshold=a.no_speech_threshold, condition_on_previous_text=not a.no_condition_on_previous_text,
         initial_prompt=a.initial_prompt, hotwords=a.hotwords, word_timestamps=a.word_timestamps, vad=a.vad,
