@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from .audio.ffmpeg import AudioStream
-from .errors import ExecutorStateError, FerrumError, UsageError
+from .errors import ExecutorStateError, FerrumError, InputError, UsageError
 from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
 from .results import Segment, Transcription
@@ -407,16 +407,25 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
     import numpy as np
 
     from .audio.ffmpeg import decode_bytes, stream_file
+    from .audio.pcm import samples_of
 
-    if isinstance(source, np.ndarray):  # samples already: float32 at 16 kHz
-        return lambda: [np.asarray(source, dtype=np.float32)]
+    if isinstance(source, np.ndarray):  # samples already, at 16 kHz
+        return lambda: [samples_of(source)]
     if isinstance(source, AudioStream):
         return lambda: source
     if callable(source):
         return lambda: decode_bytes(source(), audio_stream)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return lambda: decode_bytes(bytes(source), audio_stream)
-    return lambda: stream_file(source, audio_stream=audio_stream)
+    if isinstance(source, (str, os.PathLike)):
+        return lambda: stream_file(source, audio_stream=audio_stream)
+    return lambda: _not_audio(source)
+
+
+def _not_audio(source: object):
+    """The error of an input of no kind audio_opener reads, which comes back as that input's own."""
+    what = type(source).__name__
+    raise InputError(f"audio must be a path, bytes, a numpy array of 16 kHz samples or an AudioStream, not {what}")
 
 
 def _describe(weights_info: dict, params: int | None, device: str | None, dtype: str | None) -> dict:

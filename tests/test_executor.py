@@ -12,7 +12,7 @@ import pytest
 from ferrum_cli.audio.constants import SAMPLE_RATE
 from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.audio.windows import BLOCK
-from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, UsageError
+from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, InputError, UsageError
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
 from .helpers import JFK, SAMPLE, corpus, corpus_rows, joined_clips, needs_corpus, wav_bytes, words
@@ -321,6 +321,30 @@ def test_many_inputs_call_back_on_the_callers_thread_input_by_input(executor):
 def test_samples_in_memory_read_as_their_file(executor):
     path = corpus(JFK)
     assert executor.transcribe(decode_file(path).samples).text == executor.transcribe(path).text
+
+
+@needs_corpus
+def test_samples_as_callers_hold_them_read_as_their_file_and_others_fail_alone(executor):
+    """int16 as scipy.io.wavfile gives it, those values cast to float, a column: the file's
+    text, where int16 read as floats was thousands of times full scale and gave other words.
+    Several channels, NaN, a list: that input's InputError, and the next input goes on."""
+    path = corpus(JFK)
+    text = executor.transcribe(path).text
+    samples = decode_file(path).samples
+    pcm = np.round(samples * 32767).astype(np.int16)
+    for held in (pcm, pcm.astype(np.float32), samples[:, None], samples.astype(np.float64)):
+        assert words(executor.transcribe(held).text) == words(text), (held.dtype, held.shape)
+
+    bad = {
+        "stereo": (np.stack([samples, samples], axis=1), "must be one channel"),
+        "nan": (np.where(np.arange(samples.size) == 99, np.nan, samples), "must be finite"),
+        "list": (samples[:16000].tolist(), "not list"),
+    }
+    items = [(name, audio) for name, (audio, _) in bad.items()] + [("file", str(path))]
+    results = dict(executor.transcribe_many(items))
+    for name, (_, reason) in bad.items():
+        assert isinstance(results[name], InputError) and reason in results[name].message, results[name]
+    assert results["file"].text == text
 
 
 @needs_corpus

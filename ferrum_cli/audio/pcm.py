@@ -1,6 +1,7 @@
-"""Raw audio as realtime clients send it, to Whisper's 16 kHz float32, piece by piece: 16-bit PCM
-at any rate, and G.711 μ-law and A-law (8 kHz telephony). soxr resamples with a stream's state
-kept between pieces, so that a piece's edges are not heard as clicks."""
+"""Raw audio to Whisper's 16 kHz float32: as realtime clients send it, piece by piece (16-bit PCM
+at any rate, and G.711 μ-law and A-law, 8 kHz telephony), and as a library caller hands it over
+(a numpy array). soxr resamples with a stream's state kept between pieces, so that a piece's
+edges are not heard as clicks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .constants import SAMPLE_RATE
 
 
@@ -76,3 +77,33 @@ class PcmDecoder:
         rest = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
         self._resampler.clear()
         return rest
+
+
+def samples_of(array: np.ndarray) -> np.ndarray:
+    """A caller's samples at 16 kHz as the engine reads them: float32, one channel, full scale 1.
+
+    Integer samples are PCM (int16 from scipy.io.wavfile, say) and are scaled as a WAV's are;
+    read as floats they were thousands of times full scale, and Whisper gave other words.
+    Float samples above full scale (int16 values cast to float) are brought down to it: level
+    never decides what Whisper hears (level.py), but that far above it it does. Several channels,
+    NaN, and arrays that are not audio are an InputError, never a guess."""
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"audio samples must be a numpy array, not {type(array).__name__}")
+    if array.ndim == 2 and 1 in array.shape:
+        array = array.reshape(-1)
+    if array.ndim != 1:
+        raise InputError(
+            f"audio samples must be one channel, an array of one dimension, not of shape {array.shape}: "
+            "average the channels first"
+        )
+    if np.issubdtype(array.dtype, np.signedinteger) or array.dtype == np.uint8:
+        bits = array.dtype.itemsize * 8
+        centre = 128 if array.dtype == np.uint8 else 0  # 8-bit WAV samples are unsigned
+        return ((array.astype(np.float64) - centre) / 2 ** (bits - 1)).astype(np.float32)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise InputError(f"audio samples must be floats or PCM integers, not {array.dtype}")
+    samples = np.asarray(array, dtype=np.float32)
+    if not np.isfinite(samples).all():
+        raise InputError("audio samples must be finite numbers; these hold NaN or infinity")
+    peak = float(np.abs(samples).max(initial=0.0))
+    return samples / peak if peak > 1.0 else samples
