@@ -214,6 +214,23 @@ def test_checkpoint_with_pickled_code_is_refused_and_never_run(tmp_path):
     assert not marker.exists()
 
 
+def test_a_file_that_is_no_checkpoint_is_called_so_not_pickled_code(tmp_path):
+    """Text, random bytes, a checkpoint cut short: torch's refusal of each mentions weights_only,
+    which had ferrum call them pickled code (and a text file an IndexError)."""
+    whole = tmp_path / "whole.pt"
+    torch.save({"dims": {}, "model_state_dict": {"w": torch.zeros(1000)}}, whole)
+    files = {
+        "notes.pt": b"garbage\n",
+        "passwd.pt": b"root:x:0:0:root:/root:/bin/bash\n",
+        "random.pt": np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes(),
+        "cut.pt": whole.read_bytes()[:1500],
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ModelIntegrityError, match="it is not a PyTorch checkpoint, or it is damaged"):
+            load_path(tmp_path / name)
+
+
 def test_unknown_model_name_is_refused():
     with pytest.raises(ModelNotFoundError, match="unknown model 'large-v9'"):
         resolve("large-v9")

@@ -35,21 +35,30 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+# torch's weights-only unpickler names these where a pickle would import, call or build
+# something other than tensors and plain containers; "Unsupported operand" is a file that is no pickle
+CODE_IN_PICKLE = ("GLOBAL ", "call reduce", "create new object", "Can only build")
+
+
 def load_openai_pt(path: Path) -> Weights:
     """weights_only=True: a checkpoint that carries pickled code is refused, never run."""
     import pickle
 
     import torch
 
+    not_one = f"cannot load checkpoint {path}: it is not a PyTorch checkpoint, or it is damaged"
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            reason = "it carries pickled code, which ferrum never runs"
-        raise ModelIntegrityError(f"cannot load checkpoint {path}: {reason}") from None
-    except Exception as exc:  # zipfile and pickle raise many types on corrupt files
-        raise ModelIntegrityError(f"cannot load checkpoint {path}: {type(exc).__name__}") from None
+    except OSError as exc:
+        raise ModelIntegrityError(f"cannot load checkpoint {path}: {exc.strerror or exc}") from None
+    except pickle.UnpicklingError as exc:  # torch's message for any pickle it refuses says weights_only
+        if any(mark in str(exc) for mark in CODE_IN_PICKLE):
+            raise ModelIntegrityError(
+                f"cannot load checkpoint {path}: it carries pickled code, which ferrum never runs"
+            ) from None
+        raise ModelIntegrityError(not_one) from None
+    except Exception:  # zipfile and pickle raise many types on other files (IndexError on a text file)
+        raise ModelIntegrityError(not_one) from None
     if not isinstance(checkpoint, dict) or "dims" not in checkpoint:
         raise ModelIntegrityError(f"{path} is not an openai-whisper checkpoint (no 'dims')")
     heads = checkpoint.get("alignment_heads")
