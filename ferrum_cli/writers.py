@@ -195,6 +195,8 @@ def ensure_writable_dir(output_dir: Path) -> None:
     """Fail before any model work when -o cannot be written."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's own word for a name that a file already holds
+        raise OutputError(f"cannot write into {output_dir}: it is a file, not a folder") from None
     except OSError as exc:
         raise OutputError(f"cannot create output folder {output_dir}: {exc.strerror or exc}") from None
     if not os.access(output_dir, os.W_OK | os.X_OK):

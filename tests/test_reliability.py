@@ -352,6 +352,8 @@ def test_unwritable_output_folder_fails_before_model_work(tmp_path):
     proc = run_ferrum("transcribe", str(corpus(SHORT)), "-o", str(blocker / "out"))
     assert proc.returncode == 1 and "cannot create output folder" in proc.stderr
     assert "Traceback" not in proc.stderr and time.perf_counter() - start < 30
+    proc = run_ferrum("transcribe", str(corpus(SHORT)), "-o", str(blocker))
+    assert proc.returncode == 1 and proc.stderr == f"error: cannot write into {blocker}: it is a file, not a folder\n"
 
 
 def test_outputs_never_land_outside_the_output_folder(tmp_path):
