@@ -51,13 +51,18 @@ def joined(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
     return path, spans
 
 
-def paced(path: Path, speed: float, *args: str) -> tuple[list[tuple[float, dict]], float, subprocess.Popen]:
+def paced(
+    path: Path, speed: float, *args: str, by_name: bool = False
+) -> tuple[list[tuple[float, dict]], float, subprocess.Popen]:
     """`ferrum transcribe - --live -f jsonl` fed at `speed` times real time: each line with the
-    second it arrived, and the second the pacer wrote its last byte."""
+    second it arrived, and the second the pacer wrote its last byte. by_name: the pipe is given
+    as /dev/fd/N, as the shell's <(...) gives it, rather than on stdin."""
     pacer = subprocess.Popen([sys.executable, "-c", PACER, str(path), str(speed)], stdout=subprocess.PIPE)
+    pipe = pacer.stdout.fileno()
     ferrum = subprocess.Popen(
-        [FERRUM, "transcribe", "-", "--live", "-f", "jsonl", "-q", *args],
-        stdin=pacer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [FERRUM, "transcribe", f"/dev/fd/{pipe}" if by_name else "-", "--live", "-f", "jsonl", "-q", *args],
+        stdin=subprocess.DEVNULL if by_name else pacer.stdout, pass_fds=(pipe,) if by_name else (),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     pacer.stdout.close()
     start = time.monotonic()
@@ -86,6 +91,18 @@ def test_live_lines_come_while_the_speaker_talks_and_read_as_offline(joined):
             assert arrived < pacer_seconds, (arrived, line)
     starts = [line["start"] for _, line in lines]
     assert starts == sorted(starts) and starts[0] < 1.0  # timestamps from the start of the stream
+
+
+@needs_corpus
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="names pipes as /dev/fd/N, as Linux and macOS do")
+def test_a_pipe_given_by_name_is_live_too(joined):
+    """`ferrum transcribe --live <(arecord ...)`, or a FIFO: text while it is written, as from stdin."""
+    path, spans = joined
+    lines, start, ferrum = paced(path, 2.0, "--language", "en", by_name=True)
+    assert ferrum.returncode == 0, ferrum.stderr.read()
+    assert all(clip_text([line for _, line in lines], span) for span in spans)
+    early = [arrived for arrived, line in lines if line["end"] < spans[-1][0]]
+    assert early and max(early) < spans[-1][1] / 2.0  # out before the pacer is done
 
 
 @needs_corpus

@@ -7,6 +7,7 @@ import fnmatch
 import glob
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -45,8 +46,18 @@ class Job:
 
     @property
     def is_stream(self) -> bool:
-        """Read as it comes (stdin, a URL, a device), not a file on disk."""
-        return self.is_stdin or self.is_url or self.capture_format is not None
+        """Read as it comes (stdin, a URL, a device, a named pipe or the shell's <(...)), not a
+        file on disk."""
+        return self.is_stdin or self.is_url or self.capture_format is not None or _is_pipe(self.source)
+
+
+def _is_pipe(path: str) -> bool:
+    """A path that is neither a file nor a folder: a FIFO, /dev/fd/N, a character device."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def url_stem(url: str) -> PurePosixPath:

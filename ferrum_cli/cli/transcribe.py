@@ -477,7 +477,7 @@ def _check_live(jobs, vad: bool, sequential: bool, min_speakers: int | None) -> 
     """Live input is cut at pauses by the VAD, in the batched engine, and only streams are live;
     speakers are labelled as they are heard, so a count the recording must reach cannot hold."""
     if files := [job for job in jobs if not job.is_stream]:
-        fail(UsageError(f"--live reads stdin, a URL or --mic, not a file: {files[0].display}"))
+        fail(UsageError(f"--live reads stdin, a pipe, a URL or --mic, not a file: {files[0].display}"))
     if not vad:
         fail(UsageError("--live needs the VAD: it cuts the stream at pauses"))
     if sequential:
