@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
-from ferrum_cli.platform.cpu import int8_available
+from ferrum_cli.platform.cpu import int8_available, usable_cpus
 
 from .helpers import (
     FERRUM,
@@ -236,6 +236,17 @@ def test_a_pattern_that_matches_nothing_exits_2(tmp_path):
     assert proc.returncode == 2 and "no input matched" in proc.stderr
     proc = run_ferrum("transcribe", "nothing/**/*.flac", cwd=tmp_path)
     assert proc.returncode == 2
+
+
+def test_more_threads_than_cpus_is_said_and_still_transcribes():
+    """Threads past the CPUs only wait on each other (JFK: 3.5 s with 2 threads on 2 cores, 22 s with 500)."""
+    too_many = usable_cpus() + 1
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "--threads", str(too_many), "-q", "--language", "en")
+    assert proc.returncode == 0 and "ask not what your country" in words(proc.stdout), proc.stderr
+    said = f"warning: --threads {too_many} is more than the {usable_cpus()} CPU"
+    assert proc.stderr.startswith(said) and proc.stderr.count("\n") == 1, proc.stderr
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "--threads", "1", "-q", "--language", "en")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 def test_bad_option_values_exit_2():

@@ -23,6 +23,7 @@ from .transcribe import (
     ModelOption,
     PackShortOption,
     ThreadsOption,
+    warn_past_cpus,
 )
 
 SERVER_PANEL = "Server"
@@ -137,6 +138,7 @@ def serve(
     call(check_compute, compute.value)
     call(check_model, model)
     call(check_can_listen, host, port)
+    warn_past_cpus(threads)
     try:
         import uvicorn
     except ImportError:

@@ -11,6 +11,16 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as taskset and containers' cpusets set it)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
 def cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
