@@ -86,13 +86,10 @@ ThreadsOption = Annotated[
 
 
 def warn_past_cpus(threads: int | None) -> None:
-    """More threads than CPUs only wait on each other: JFK's 11 s took 3.5 s with 2 or 8 threads
-    on 2 cores and 22 s with 500."""
-    from ..platform.cpu import usable_cpus
+    from ..status import threads_past_cpus
 
-    if threads and threads > (cpus := usable_cpus()):
-        cpus_named = f"{cpus} CPU{'s' * (cpus != 1)}"
-        err.print(f"[yellow]warning:[/] --threads {threads} is more than the {cpus_named} this process may use")
+    if said := threads_past_cpus(threads):
+        err.print(f"[yellow]warning:[/] {said}")
 
 
 PackShortOption = Annotated[
