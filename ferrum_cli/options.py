@@ -102,6 +102,25 @@ class TranscribeOptions:
     speaker_names: tuple[str, ...] = ()  # names for the speakers in order of first appearance
     known_speakers: tuple[KnownSpeaker, ...] = ()  # named where their voice is heard; others as above
 
+    def __post_init__(self) -> None:
+        """The forms a caller writes by hand, as openai-whisper and faster-whisper take them: one
+        temperature, "en,de" for languages and "Ann,Bob" for speaker names (a string was read
+        letter by letter: speakers named "A", "n", "n"), a dict of VAD settings."""
+        if isinstance(self.temperature, (int, float)):
+            object.__setattr__(self, "temperature", (self.temperature,))
+        for name in ("languages", "speaker_names"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = [part.strip() for part in value.split(",") if part.strip()]
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.vad_options, dict):
+            try:
+                object.__setattr__(self, "vad_options", VadOptions(**self.vad_options))
+            except TypeError:
+                known = ", ".join(f.name for f in fields(VadOptions))
+                raise UsageError(f"vad_options takes {known}; not {sorted(self.vad_options)}") from None
+
     @property
     def runs_sequentially(self) -> bool:
         """Beam search exists only in openai-whisper's sequential algorithm."""
@@ -112,6 +131,17 @@ class TranscribeOptions:
         UsageError naming the first that is not. compute, and the model's and the machine's limits
         (an English-only model, int8 on this CPU), are the executor's check_options. named: an
         option as the caller's users know it (the CLI: its flag) where two options disagree."""
+        for name in WHOLE_FIELDS:
+            if getattr(self, name) is not None and not _is_whole(getattr(self, name)):
+                raise UsageError(f"{name} must be a whole number, not {getattr(self, name)!r}")
+        for name in FLAG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        for name in ("initial_prompt", "hotwords"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise UsageError(f"{name} must be text, not {getattr(self, name)!r}")
+        if not isinstance(self.vad_options, VadOptions):
+            raise UsageError(f"vad_options must be a VadOptions or a dict of its fields, not {self.vad_options!r}")
         if self.audio_stream is not None:
             _within("audio_stream", self.audio_stream, 0, math.inf)
         if self.task not in TASKS:
@@ -200,7 +230,14 @@ class TranscribeOptions:
 
 
 SPEAKER_FIELDS = ("speakers", "min_speakers", "max_speakers", "speaker_names", "known_speakers")  # with diarize only
+WHOLE_FIELDS = ("audio_stream", "beam_size", "best_of", "batch_size", "speakers", "min_speakers", "max_speakers")
+FLAG_FIELDS = ("multilingual", "condition_on_previous_text", "word_timestamps", "word_probabilities", "vad",
+               "sequential", "pack_short", "diarize")  # fmt: skip
 POST_FIELDS = ("diarize", *SPEAKER_FIELDS)
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:

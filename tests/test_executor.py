@@ -75,12 +75,32 @@ def test_an_unknown_compute_is_a_typed_error(executor):
         (dict(no_speech_threshold=float("nan")), "no_speech_threshold"),
         (dict(vad_options=VadOptions(threshold=2.0)), "vad threshold"),
         (dict(vad_options=VadOptions(speech_pad_ms=-1)), "speech_pad_ms"),
+        (dict(beam_size=2.5), "beam_size must be a whole number"),
+        (dict(batch_size="12"), "batch_size must be a whole number"),
+        (dict(word_timestamps="yes"), "word_timestamps must be True or False"),
+        (dict(initial_prompt=5), "initial_prompt must be text"),
+        (dict(vad_options=0.5), "vad_options must be a VadOptions"),
     ],
 )
 def test_an_option_out_of_range_is_a_usage_error_naming_it(executor, bad, named):
     """The library checks every option, as the CLI and the server do (options.check, once for all)."""
     with pytest.raises(UsageError, match=named):
         executor.transcribe(str(SAMPLE), TranscribeOptions(**bad))
+
+
+def test_options_take_the_forms_callers_write_by_hand():
+    """As openai-whisper and faster-whisper take them. A string of speaker names was read letter
+    by letter (speakers "A", "n", "n", ...), a float temperature and a dict of VAD settings failed
+    with a TypeError and an AttributeError."""
+    options = TranscribeOptions(
+        temperature=0.2, languages="en, de", diarize=True, speaker_names="Ann,Bob", vad_options={"threshold": 0.3}
+    )
+    options.check()
+    assert options.temperature == (0.2,) and options.languages == ("en", "de")
+    assert options.speaker_names == ("Ann", "Bob") and options.vad_options == VadOptions(threshold=0.3)
+    assert TranscribeOptions(languages=["en", "fr"]) == TranscribeOptions(languages=("en", "fr"))
+    with pytest.raises(UsageError, match=r"vad_options takes threshold, .*not \['thresh'\]"):
+        TranscribeOptions(vad_options={"thresh": 0.3})
 
 
 def test_a_language_by_name_is_taken_by_the_plain_calls(executor):
