@@ -99,6 +99,10 @@ class WhisperModelExecutor:
         threads: torch's CPU threads for this process, set before the load (None: torch's choice)."""
         from .platform.cpu import on_own_thread
 
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise UsageError(f"threads must be a whole number of at least 1, not {threads!r}")
+        if not str(model_path).strip():
+            raise UsageError("no model given: a name (base, tiny.en, ...), a .pt file or a folder")
         if threads:
             import torch
 

@@ -88,6 +88,18 @@ def test_an_option_out_of_range_is_a_usage_error_naming_it(executor, bad, named)
         executor.transcribe(str(SAMPLE), TranscribeOptions(**bad))
 
 
+def test_a_bad_thread_count_or_an_empty_model_is_a_usage_error_before_anything_loads():
+    from ferrum_cli.executor import WhisperModelExecutor
+
+    for kwargs, says in (
+        (dict(threads=-1), "threads must be a whole number of at least 1, not -1"),
+        (dict(threads=2.5), "not 2.5"),
+        (dict(model_path=""), "no model given"),
+    ):
+        with pytest.raises(UsageError, match=says):
+            WhisperModelExecutor.from_path(**{"model_path": "tiny.en", **kwargs})
+
+
 def test_options_take_the_forms_callers_write_by_hand():
     """As openai-whisper and faster-whisper take them. A string of speaker names was read letter
     by letter (speakers "A", "n", "n", ...), a float temperature and a dict of VAD settings failed
