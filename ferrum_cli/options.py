@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -105,15 +106,17 @@ class TranscribeOptions:
     def __post_init__(self) -> None:
         """The forms a caller writes by hand, as openai-whisper and faster-whisper take them: one
         temperature, "en,de" for languages and "Ann,Bob" for speaker names (a string was read
-        letter by letter: speakers named "A", "n", "n"), a dict of VAD settings."""
-        if isinstance(self.temperature, (int, float)):
+        letter by letter: speakers named "A", "n", "n"), a dict of VAD settings, numpy's numbers."""
+        for f in fields(self):
+            object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+        if isinstance(self.temperature, numbers.Real):
             object.__setattr__(self, "temperature", (self.temperature,))
-        for name in ("languages", "speaker_names"):
+        for name in ("temperature", "languages", "speaker_names"):
             value = getattr(self, name)
             if isinstance(value, str):
                 value = [part.strip() for part in value.split(",") if part.strip()]
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, tuple(map(_plain, value)))
         if isinstance(self.vad_options, dict):
             try:
                 object.__setattr__(self, "vad_options", VadOptions(**self.vad_options))
@@ -236,12 +239,17 @@ FLAG_FIELDS = ("multilingual", "condition_on_previous_text", "word_timestamps", 
 POST_FIELDS = ("diarize", *SPEAKER_FIELDS)
 
 
+def _plain(value):
+    """numpy's numbers as Python's: json writes those (a result records its options)."""
+    return value.item() if isinstance(value, numbers.Number) and hasattr(value, "item") else value
+
+
 def _is_whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy's integers too
 
 
 def _within(name: str, value, low: float, high: float, finite: bool = True) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
         raise UsageError(f"{name} must be a number, not {value!r}")
     if (finite and not math.isfinite(value)) or not low <= value <= high:
         if low == -math.inf and high == math.inf:

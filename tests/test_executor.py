@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -111,6 +112,9 @@ def test_options_take_the_forms_callers_write_by_hand():
     assert options.temperature == (0.2,) and options.languages == ("en", "de")
     assert options.speaker_names == ("Ann", "Bob") and options.vad_options == VadOptions(threshold=0.3)
     assert TranscribeOptions(languages=["en", "fr"]) == TranscribeOptions(languages=("en", "fr"))
+    from_numpy = TranscribeOptions(beam_size=np.int64(3), patience=np.float32(1.0), temperature=[np.float64(0.0)])
+    from_numpy.check()
+    assert json.loads(json.dumps(from_numpy.record()))["beam_size"] == 3  # a result's json records its options
     with pytest.raises(UsageError, match=r"vad_options takes threshold, .*not \['thresh'\]"):
         TranscribeOptions(vad_options={"thresh": 0.3})
 

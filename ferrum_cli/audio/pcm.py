@@ -83,10 +83,10 @@ def samples_of(array: np.ndarray) -> np.ndarray:
     """A caller's samples at 16 kHz as the engine reads them: float32, one channel, full scale 1.
 
     Integer samples are PCM (int16 from scipy.io.wavfile, say) and are scaled as a WAV's are;
-    read as floats they were thousands of times full scale, and Whisper gave other words.
-    Float samples above full scale (int16 values cast to float) are brought down to it: level
-    never decides what Whisper hears (level.py), but that far above it it does. Several channels,
-    NaN, and arrays that are not audio are an InputError, never a guess."""
+    read as floats they were thousands of times full scale, and Whisper gave other words. Float
+    samples above full scale (int16 values cast to float, say) are scaled down to it, for the
+    same reason. Several channels, NaN, and arrays that are not audio are an InputError, never
+    a guess."""
     if not isinstance(array, np.ndarray):
         raise InputError(f"audio samples must be a numpy array, not {type(array).__name__}")
     if array.ndim == 2 and 1 in array.shape:
