@@ -146,6 +146,22 @@ def test_directory_tree_gives_one_output_per_audio_file_with_mirrored_folders(tm
     assert "wizard" in (out / "a" / "wizard.txt").read_text()
 
 
+def test_hidden_files_and_folders_are_left_out_of_a_folder_as_of_a_glob(tmp_path):
+    """macOS leaves ._name copies of each file's metadata on USB drives and shares: not audio,
+    they failed a whole folder's batch (exit 1), one error line each."""
+    src, out = tmp_path / "talks", tmp_path / "out"
+    _make_tree(src)
+    (src / "._jfk.flac").write_bytes(b"\x00\x05\x16\x07" + bytes(4000))  # AppleDouble's magic
+    (src / ".Trash" / "files").mkdir(parents=True)
+    shutil.copy(corpus(JFK), src / ".Trash" / "files" / "deleted.flac")
+    for given, cwd in ((str(src), None), ("**/*.flac", src)):
+        proc = run_ferrum("transcribe", given, "-o", str(out), "-f", "txt", "-q", cwd=cwd)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert not list(out.rglob(".*")) and not list(out.rglob("deleted*"))
+    proc = run_ferrum("transcribe", str(src / "._jfk.flac"), "-q")  # named: read, and it is not audio
+    assert proc.returncode == 1 and proc.stderr.startswith("error:"), proc.stderr
+
+
 def test_quoted_recursive_glob_is_expanded_by_ferrum(tmp_path):
     src, out = tmp_path / "talks", tmp_path / "out"
     _make_tree(src)

@@ -119,8 +119,16 @@ def _walk_once(root: str | Path, depth: int | None = None) -> Iterator[tuple[str
 
 
 def walk_media(root: Path) -> list[Path]:
-    """Media files under root, following symlinks but never into a loop."""
-    found = (Path(dirpath) / name for dirpath, _, names in _walk_once(root) for name in names)
+    """Media files under root, following symlinks but never into a loop. Hidden names are left
+    out, as the shell's * and our globs leave them: macOS's ._talk.mp3 copies of a file's
+    metadata (on USB drives and shares), a .Trash folder's files. Named, they are read."""
+    found = (
+        Path(dirpath) / name
+        for dirpath, below, names in _walk_once(root)
+        if not any(part.startswith(".") for part in below)
+        for name in names
+        if not name.startswith(".")
+    )
     return [path for path in found if _is_media(path) and os.path.isfile(path)]
 
 
