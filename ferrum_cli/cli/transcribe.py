@@ -161,7 +161,7 @@ def transcribe(
         typer.Option(
             "--live",
             show_default=False,
-            help="stdin or a URL as it arrives: each line when its speech ends.",
+            help="stdin, a pipe or a URL as it arrives: each line when its speech ends.",
             rich_help_panel=IO_PANEL,
         ),
     ] = False,
