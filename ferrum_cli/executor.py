@@ -276,12 +276,14 @@ class WhisperModelExecutor:
         c.audio_seconds += result.duration
         c.tokens_decoded += sum(len(s.tokens) for s in result.segments)
 
-    def detect_language(self, audio: str | os.PathLike[str] | bytes, among: Sequence[str] = ()) -> tuple[str, float]:
+    def detect_language(
+        self, audio: str | os.PathLike[str] | bytes | np.ndarray, among: Sequence[str] = ()
+    ) -> tuple[str, float]:
         """(language code, probability) from up to three speech windows of the first batch; ('und', 0.0)
-        when there is no speech. among: the codes it may be, the probability then among them."""
+        when there is no speech. audio: what transcribe() takes. among: the codes it may be, the
+        probability then among them."""
         import itertools
 
-        from .audio.ffmpeg import decode_bytes, stream_file
         from .audio.windows import plan_windows
         from .engine.encoder import plan_compute
         from .engine.language import detect_language
@@ -289,7 +291,7 @@ class WhisperModelExecutor:
         model = self._require_model()
         options = TranscribeOptions(languages=tuple(among))
         options.check()
-        chunks = [decode_bytes(bytes(audio)).samples] if isinstance(audio, (bytes, bytearray)) else stream_file(audio)
+        chunks = audio_opener(audio)()  # an input of no kind it reads raises its InputError here
         with self._lock:
             windows = plan_windows(chunks, options.vad, options.vad_options)
             first = [w for _, w in itertools.islice(windows, options.batch_size)]

@@ -370,6 +370,9 @@ def test_samples_as_callers_hold_them_read_as_their_file_and_others_fail_alone(e
     pcm = np.round(samples * 32767).astype(np.int16)
     for held in (pcm, pcm.astype(np.float32), samples[:, None], samples.astype(np.float64)):
         assert words(executor.transcribe(held).text) == words(text), (held.dtype, held.shape)
+    assert executor.detect_language(pcm)[0] == "en"  # what transcribe takes, detect_language takes
+    with pytest.raises(InputError, match="not list"):
+        executor.detect_language(samples.tolist())
 
     bad = {
         "stereo": (np.stack([samples, samples], axis=1), "must be one channel"),
