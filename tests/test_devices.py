@@ -16,7 +16,7 @@ import torch
 from ferrum_cli.engine import encoder
 from ferrum_cli.engine.quantize import Int8Linear
 from ferrum_cli.options import TranscribeOptions
-from ferrum_cli.platform.cpu import int8_available, int8_sums_exactly
+from ferrum_cli.platform.cpu import int8_available, int8_sums_exactly, usable_cpus
 
 from .helpers import FERRUM, JFK, ROOT, corpus, corpus_rows, errors_against, needs_corpus, words
 
@@ -69,7 +69,8 @@ def test_auto_compute_picks_the_same_path_on_a_busy_machine():
         pytest.skip(f"two paths here are within 20% of the speed-up that decides between them: {quiet}")
     # as a user's process runs: OpenMP's threads spin a while before they sleep (conftest)
     environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    load = [subprocess.Popen([sys.executable, "-c", BUSY], env=environment) for _ in range(os.cpu_count() or 2)]
+    busy_processes = min(usable_cpus(), 8)  # one per CPU, each a torch process of about 250 MB, at most 8
+    load = [subprocess.Popen([sys.executable, "-c", BUSY], env=environment) for _ in range(busy_processes)]
     measure = (
         f"from ferrum_cli.engine import encoder; print(repr([encoder._fastest({candidates!r}) for _ in range(5)]))"
     )
