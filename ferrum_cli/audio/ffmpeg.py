@@ -271,9 +271,10 @@ class DecodedAudio:
         yield self.samples
 
 
-def _run_decoder(args: list[str], source: str, data: bytes | None, audio_stream: int | None) -> DecodedAudio:
+def _run_decoder(source: str, data: bytes | None, audio_stream: int | None) -> DecodedAudio:
+    """ffmpeg over source at once (data on its stdin where given); audio_stream: as _decode_args."""
     proc = subprocess.run(
-        args,
+        _decode_args(source, audio_stream=audio_stream),
         input=data,
         stdin=None if data is not None else subprocess.DEVNULL,
         capture_output=True,
@@ -296,7 +297,7 @@ def decode_file(path: str | os.PathLike[str], audio_stream: int | None = None) -
         with open(p, "rb") as pipe:
             return decode_bytes(pipe.read(), audio_stream)
     source = os.path.abspath(p)  # an absolute name can never read as an ffmpeg option
-    return _run_decoder(_decode_args(source, audio_stream=audio_stream), source, None, audio_stream)
+    return _run_decoder(source, None, audio_stream)
 
 
 def decode_bytes(data: bytes, audio_stream: int | None = None) -> DecodedAudio:
@@ -306,13 +307,13 @@ def decode_bytes(data: bytes, audio_stream: int | None = None) -> DecodedAudio:
     if not data:
         raise AudioDecodeError("empty input")
     try:
-        return _run_decoder(_decode_args("pipe:0", audio_stream=audio_stream), "pipe:0", data, audio_stream)
+        return _run_decoder("pipe:0", data, audio_stream)
     except AudioDecodeError as piped:
         try:
             with tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
                 copy.write(data)
                 copy.flush()
-                return _run_decoder(_decode_args(copy.name, audio_stream=audio_stream), copy.name, None, audio_stream)
+                return _run_decoder(copy.name, None, audio_stream)
         except (AudioDecodeError, OSError):
             raise piped from None  # not audio either way: the first complaint
 
