@@ -33,6 +33,11 @@ def corpus_rows() -> list[dict]:
     return rows
 
 
+def english_rows() -> list[dict]:
+    """The corpus's English clips that have a reference transcript."""
+    return [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+
+
 needs_corpus = pytest.mark.skipif(
     not (CORPUS / "manifest.tsv").exists(), reason=f"the shared corpus is absent ({CORPUS}); CI has it"
 )

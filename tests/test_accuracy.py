@@ -13,7 +13,7 @@ from ferrum_cli.audio.vad import speech_regions
 from ferrum_cli.engine.fallback import repetition_loop
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
-from .helpers import JFK, corpus, corpus_rows, errors_against, needs_corpus, run_ferrum, wav_bytes, words
+from .helpers import JFK, corpus, corpus_rows, english_rows, errors_against, needs_corpus, run_ferrum, wav_bytes, words
 
 pytestmark = needs_corpus
 
@@ -86,7 +86,7 @@ def _wer(reference: str, hypothesis: str) -> float:
 
 
 def test_clips_joined_with_silences_keep_every_sentence_with_vad(executor):
-    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    rows = english_rows()
     rng = np.random.default_rng(3)
     parts, spans, at = [], [], 0.0
     for row in rows:

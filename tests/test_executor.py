@@ -16,7 +16,7 @@ from ferrum_cli.audio.windows import BLOCK
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, InputError, UsageError
 from ferrum_cli.options import TranscribeOptions, VadOptions
 
-from .helpers import JFK, SAMPLE, corpus, corpus_rows, joined_clips, needs_corpus, wav_bytes, words
+from .helpers import JFK, SAMPLE, corpus, corpus_rows, english_rows, joined_clips, needs_corpus, wav_bytes, words
 
 
 @needs_corpus
@@ -44,7 +44,7 @@ def test_bytes_give_the_same_text_as_the_file(executor, name):
 def test_bytes_of_a_recording_longer_than_a_planning_block_give_the_file_text(executor, tmp_path):
     """Windows are planned 4 minutes at a time. Bytes (stdin, an upload) are decoded whole, and
     were planned as one block: 20 minutes piped in read differently from the same file."""
-    rows = [row for row in corpus_rows() if row["language"] == "en" and row["reference_transcript"] != "none"]
+    rows = english_rows()
     samples, _ = joined_clips([row["file"] for row in rows] * 3, gap_seconds=1.0)  # 5 minutes
     assert len(samples) > BLOCK
     path = tmp_path / "long.wav"
@@ -194,7 +194,7 @@ def test_sequential_mode_matches_openai_whisper_on_english_clips(executor):
     reference = Whisper(whisper.model.ModelDimensions(**weights.dims))
     reference.load_state_dict({k: v.float() for k, v in weights.state_dict.items()}, strict=False)
     reference.eval()
-    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    rows = english_rows()
     assert len(rows) == 12
     options = TranscribeOptions(language="en", sequential=True, vad=False)
     for row in rows[::2]:
@@ -259,7 +259,7 @@ def test_numba_is_imported_only_when_the_sequential_engine_aligns_words():
 def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
     """Short inputs are read whole and their VAD runs in one batch; a long input, a broken one
     and silence in between keep their places, and each input gets its own words."""
-    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"][:5]
+    rows = english_rows()[:5]
     clips = [r["path"] for r in rows]
     broken = tmp_path / "broken.wav"
     broken.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")

@@ -12,9 +12,9 @@ import pytest
 from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.options import TranscribeOptions
 
-from .helpers import corpus_rows, errors_against, needs_corpus, run_ferrum, words
+from .helpers import english_rows, errors_against, needs_corpus, run_ferrum, words
 
-ENGLISH = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+ENGLISH = english_rows()
 
 
 def joined_digits(text: str) -> str:

@@ -14,7 +14,17 @@ from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.audio.level import NORMAL_LEVEL, frame_levels, raised_for_vad, raised_spans
 from ferrum_cli.options import TranscribeOptions
 
-from .helpers import JFK, corpus, corpus_rows, errors_against, float_wav_bytes, needs_corpus, run_ferrum, wav_bytes
+from .helpers import (
+    JFK,
+    corpus,
+    corpus_rows,
+    english_rows,
+    errors_against,
+    float_wav_bytes,
+    needs_corpus,
+    run_ferrum,
+    wav_bytes,
+)
 from .test_accuracy import _sentence_survives
 
 pytestmark = needs_corpus
@@ -79,7 +89,7 @@ def test_quiet_and_clipped_speech_reads_as_at_full_scale(level_files, tmp_path, 
 @pytest.mark.parametrize("sequential", [False, True], ids=["batched", "sequential"])
 def test_loud_and_quiet_speech_alternating_loses_no_sentence(executor, sequential):
     """English clips joined with pauses, every other one 60 dB down: every sentence is in the text."""
-    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    rows = english_rows()
     rng = np.random.default_rng(5)
     parts, spans, at = [], [], 0.0
     for i, row in enumerate(rows):

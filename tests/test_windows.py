@@ -183,9 +183,9 @@ def test_speech_that_begins_seconds_into_a_short_input_is_dated_where_it_begins_
     silence starts where the speech does; the words read as well as without the silence."""
     from ferrum_cli.options import TranscribeOptions
 
-    from .helpers import corpus_rows, errors_against
+    from .helpers import english_rows, errors_against
 
-    rows = [r for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    rows = english_rows()
     rows = [r for r in rows if float(r["duration_seconds"]) < 24]
     clips = {r["file"]: decode_file(r["path"]).samples for r in rows}
     options = TranscribeOptions(language="en")

@@ -13,13 +13,13 @@ import pytest
 
 from ferrum_cli.options import TranscribeOptions
 
-from .helpers import JFK, corpus, corpus_rows, needs_corpus, run_ferrum
+from .helpers import JFK, corpus, english_rows, needs_corpus, run_ferrum
 
 pytestmark = needs_corpus
 
 
 def _english_clips() -> list[str]:
-    return [r["path"] for r in corpus_rows() if r["language"] == "en" and r["reference_transcript"] != "none"]
+    return [r["path"] for r in english_rows()]
 
 
 def _key(word: str) -> str:
