@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, BinaryIO, Union
 
 from .audio.ffmpeg import AudioStream
 from .errors import ExecutorStateError, FerrumError, InputError, UsageError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from .engine.service import Ticket
 
-AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], "np.ndarray", AudioStream]
+AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], BinaryIO, "np.ndarray", AudioStream]
 LOOK_AHEAD = 2  # batches' worth of inputs submitted ahead of the one being read: short ones share a batch
 
 
@@ -297,12 +297,17 @@ class WhisperModelExecutor:
             first = [w for _, w in itertools.islice(windows, options.batch_size)]
             return detect_language(model, first, plan_compute(model, options).encoder, among=options.languages)
 
-    def transcribe_file(self, audio_path: str | os.PathLike[str], language: str | None = None) -> str:
-        """The text; language by code or English name ("de", "german"), None or "auto" to detect it."""
+    def transcribe_file(self, audio_path: str | bytes | os.PathLike[str], language: str | None = None) -> str:
+        """The text; language by code or English name ("de", "german"), None or "auto" to detect it.
+        A path in bytes (a name that is not UTF-8, as os.listdir(b".") gives it) is a path here."""
+        if isinstance(audio_path, bytes):
+            audio_path = os.fsdecode(audio_path)
         return self.transcribe(audio_path, TranscribeOptions(language=language_code(language or "auto"))).text
 
     def transcribe_bytes(self, audio_data: bytes, language: str | None = None) -> str:
         """WAV or anything ffmpeg reads; the bytes go to ffmpeg on stdin."""
+        if isinstance(audio_data, (str, os.PathLike)):
+            raise InputError("transcribe_bytes takes a file's bytes; transcribe_file takes its path")
         return self.transcribe(audio_data, TranscribeOptions(language=language_code(language or "auto"))).text
 
     # -- description ------------------------------------------------------------
@@ -425,13 +430,26 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
         return lambda: decode_bytes(bytes(source), audio_stream)
     if isinstance(source, (str, os.PathLike)):
         return lambda: stream_file(source, audio_stream=audio_stream)
+    if callable(getattr(source, "read", None)):  # an open file, io.BytesIO, a web framework's upload
+        return lambda: decode_bytes(_bytes_read(source), audio_stream)
     return lambda: _not_audio(source)
+
+
+def _bytes_read(source) -> bytes:
+    """What an open binary file holds from where it stands: ffmpeg reads it from memory, as bytes,
+    so that a container whose index comes last (an mp4's) is read whole."""
+    data = source.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InputError(f"a file of audio must be opened in binary mode ('rb'): its read() gave {type(data).__name__}")
+    return bytes(data)
 
 
 def _not_audio(source: object):
     """The error of an input of no kind audio_opener reads, which comes back as that input's own."""
     what = type(source).__name__
-    raise InputError(f"audio must be a path, bytes, a numpy array of 16 kHz samples or an AudioStream, not {what}")
+    raise InputError(
+        f"audio must be a path, bytes, a binary file, a numpy array of 16 kHz samples or an AudioStream, not {what}"
+    )
 
 
 def _describe(weights_info: dict, params: int | None, device: str | None, dtype: str | None) -> dict:

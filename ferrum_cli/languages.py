@@ -38,6 +38,8 @@ def language_codes(given: Iterable[str]) -> tuple[str, ...]:
 
 def language_code(language: str) -> str | None:
     """openai-whisper's code for a language given by code or English name; None for "auto"."""
+    if not isinstance(language, str):
+        raise UsageError(f"a language is a code or an English name, not {type(language).__name__}")
     names, to_code = languages()
     name = language.strip().lower()
     if name in ("auto", ""):

@@ -41,6 +41,33 @@ def test_bytes_give_the_same_text_as_the_file(executor, name):
 
 
 @needs_corpus
+def test_an_open_file_and_a_path_in_bytes_read_as_the_file(executor, tmp_path):
+    """An open binary file (a web framework's upload, io.BytesIO), read from where it stands, and
+    a path in bytes (os.listdir(b".")'s, for names that are not UTF-8) give the file's text; a
+    file opened as text, a path given as bytes of audio, or a language that is no string fail in one line."""
+    import io
+    import os
+
+    path = corpus("de_librivox_simplicissimus_aeneas.mp3")
+    text = executor.transcribe_file(path)
+    with open(path, "rb") as opened:
+        assert executor.transcribe(opened).text == text
+    after_junk = io.BytesIO(b"junk" + path.read_bytes())
+    after_junk.seek(4)
+    assert executor.transcribe(after_junk).text == text
+    named = tmp_path / "caf\udce9.mp3"  # the latin-1 bytes of café, as Python names them
+    named.write_bytes(path.read_bytes())
+    assert executor.transcribe_file(os.fsencode(named)) == text
+
+    with open(path, errors="replace") as as_text, pytest.raises(InputError, match="binary mode"):
+        executor.transcribe(as_text)
+    with pytest.raises(InputError, match="transcribe_file takes its path"):
+        executor.transcribe_bytes(str(path))
+    with pytest.raises(UsageError, match="not dict"):
+        executor.transcribe_file(path, {"language": "de"})
+
+
+@needs_corpus
 def test_bytes_of_a_recording_longer_than_a_planning_block_give_the_file_text(executor, tmp_path):
     """Windows are planned 4 minutes at a time. Bytes (stdin, an upload) are decoded whole, and
     were planned as one block: 20 minutes piped in read differently from the same file."""
