@@ -69,10 +69,13 @@ def test_single_file_prints_its_text():
     ids=" ".join,
 )
 def test_decoding_options_that_take_paths_of_their_own(options):
-    """Best-of-n sampling, beam search, weights in half precision and the encoder's computes on the CPU."""
+    """Best-of-n sampling, beam search, weights in half precision and the encoder's computes on the
+    CPU; no warning of the libraries' own housekeeping (a file openai-whisper's tokenizer leaves
+    open) reaches the user as one of the input's."""
     proc = run_ferrum("transcribe", str(corpus(JFK)), "--language", "en", *options)
     assert proc.returncode == 0, proc.stderr
     assert "ask not what your country can do for you" in words(proc.stdout)
+    assert "warning" not in proc.stderr, proc.stderr
 
 
 def test_an_english_only_model_transcribes_english_and_refuses_other_languages():
