@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class FerrumError(Exception):
     """Base of every error ferrum raises on purpose; never shown as a traceback."""
@@ -83,6 +85,10 @@ class ClusterError(FerrumError):
     exit_code = 1
 
 
+class OutOfMemoryError(ServiceError):
+    """Memory ran out (the process's limit, or the GPU's) while a model loaded or audio was transcribed."""
+
+
 class OverloadedError(ServiceError):
     """More audio is queued than the server takes; the client may retry after `retry_after` seconds."""
 
@@ -93,3 +99,22 @@ class OverloadedError(ServiceError):
 
 class TooLargeError(InputError):
     """An upload, or the audio it decodes to, is over the server's limit."""
+
+
+_ALLOCATION_FAILED = re.compile(r"out of memory|can't allocate memory|cannot allocate memory", re.IGNORECASE)
+_ASKED = (  # how much a failed allocation wanted, as torch's CPU and CUDA allocators and numpy say it
+    re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE),
+    re.compile(r"(?:tried|unable) to allocate ([\d.]+ [KMGT]iB)", re.IGNORECASE),
+)
+
+
+def out_of_memory(exc: BaseException) -> OutOfMemoryError | None:
+    """The OutOfMemoryError that a failed allocation stands for (Python's MemoryError, numpy's,
+    torch's on the CPU or a GPU), in one line that says what to change; None for any other error."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or isinstance(exc, RuntimeError) and _ALLOCATION_FAILED.search(text)):
+        return None
+    size = next((found.group(1) for pattern in _ASKED if (found := pattern.search(text))), None)
+    asked = f" ({f'{int(size) / 2**20:.0f} MiB' if size.isdigit() else size} more were asked for)" if size else ""
+    where = " on the GPU" if "cuda" in text.lower() else ""
+    return OutOfMemoryError(f"out of memory{where}{asked}: a smaller batch size (--batch-size) or model needs less")

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -578,3 +579,58 @@ def test_a_signal_while_one_input_is_written_waits_until_all_its_outputs_are():
         assert signal.getsignal(signal.SIGTERM) is interrupted  # put back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the address-space limit is read from /proc/self/status")
+def test_running_out_of_memory_is_said_so_in_one_line_and_the_executor_goes_on():
+    """Memory that runs out (a container's or ulimit's limit, a GPU's) is "out of memory" and what
+    to change, not "internal error: RuntimeError: [enforce fail at alloc_cpu.cpp:127]": when the
+    model loads (the CLI, exit 1), and in a batch (the library), after which the executor goes on."""
+    limited = textwrap.dedent(
+        """
+        import resource, sys
+
+        def limit(extra_mib):  # the address space in use now, and a little more
+            status = open("/proc/self/status").read()
+            in_use = int(status.split("VmSize:")[1].split()[0]) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (in_use + extra_mib * 2**20, resource.RLIM_INFINITY))
+
+        import numpy as np
+        import torch
+        from ferrum_cli import TranscribeOptions, WhisperModelExecutor
+        from ferrum_cli.cli.app import main
+        from ferrum_cli.errors import OutOfMemoryError
+
+        if sys.argv[1] == "cli":
+            limit(200)  # base's weights alone are 290 MB in float32
+            sys.argv = ["ferrum", "transcribe", sys.argv[2], "--language", "en"]
+            main()
+        from ferrum_cli.audio.ffmpeg import decode_file
+
+        executor = WhisperModelExecutor.from_path("base")
+        samples = decode_file(sys.argv[2]).samples
+        long = np.tile(samples, 40)  # 12 windows in one batch: tens of MB of activations at a time
+        executor.transcribe(samples)  # what is made once (the decoder's packed weights) is made before
+        limit(60)
+        try:
+            executor.transcribe(long, TranscribeOptions(language="en", batch_size=12, vad=False))
+        except OutOfMemoryError as exc:
+            print(exc.message)
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print(executor.transcribe_file(sys.argv[2]))
+        """
+    )
+    ADVICE = ": a smaller batch size (--batch-size) or model needs less"
+    clip = str(corpus(JFK))
+    cli = subprocess.run([sys.executable, "-c", limited, "cli", clip], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1, cli.stderr
+    (line,) = cli.stderr.strip().splitlines()
+    assert line.startswith("error: out of memory") and line.endswith(ADVICE), line
+
+    library = subprocess.run(
+        [sys.executable, "-c", limited, "library", clip], capture_output=True, text=True, timeout=300
+    )
+    assert library.returncode == 0, library.stderr
+    said, text = library.stdout.splitlines()
+    assert said.startswith("out of memory") and said.endswith(ADVICE), said
+    assert "ask not what your country can do for you" in words(text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..audio.ffmpeg import AudioStream, stream_file
-from ..errors import AudioDecodeError, FerrumError, InputError, OutputError
+from ..errors import AudioDecodeError, FerrumError, InputError, OutputError, out_of_memory
 from ..options import TranscribeOptions
 from ..platform.files import name_max
 from ..results import Segment, Transcription
@@ -158,6 +158,7 @@ def run_batch(
             if debug:
                 raise
             # a FerrumError here comes from a caller's event: a segment stdout could not take
+            exc = out_of_memory(exc) or exc
             reason = exc.message if isinstance(exc, FerrumError) else f"internal error: {type(exc).__name__}: {exc}"
             fail_job(todo[finished], reason.splitlines()[0], events, summary)
             todo = todo[finished + 1 :]

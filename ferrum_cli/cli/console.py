@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import FerrumError, OutputError
+from ..errors import FerrumError, OutputError, out_of_memory
 
 # no emoji codes: a file named x:fire:y.wav is named as it is; user text goes in through escape()
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -48,7 +48,7 @@ def call(func, *args, **kwargs):
     except Exception as exc:  # a bug still ends in one line; --debug shows the traceback
         if state["debug"]:
             raise
-        fail(FerrumError(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]))
+        fail(out_of_memory(exc) or FerrumError(f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]))
 
 
 def quiet_broken_pipe() -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import FerrumError, ServiceError
+from ..errors import FerrumError, ServiceError, out_of_memory
 from ..options import TranscribeOptions
 from ..post import PostProcess
 from ..results import Segment, Transcription
@@ -65,7 +65,7 @@ class Ticket:
             return
         except Exception as exc:  # a fault of a step fails this input alone
             log.error("post-processing failed: %s: %s", type(exc).__name__, exc)
-            self._hand_on(ServiceError(f"post-processing failed: {type(exc).__name__}"))
+            self._hand_on(out_of_memory(exc) or ServiceError(f"post-processing failed: {type(exc).__name__}"))
             return
         for segment in result.segments[told:]:
             self.tell(self.on_segment, segment, result.language)
@@ -181,7 +181,7 @@ class EngineService:
         except Exception as exc:
             log.error("the engine stopped: %s: %s", type(exc).__name__, exc)
             log.debug("engine stopped", exc_info=True)
-            self._fail_all(ServiceError(f"the engine stopped: {type(exc).__name__}"))
+            self._fail_all(out_of_memory(exc) or ServiceError(f"the engine stopped: {type(exc).__name__}"))
 
     def _fail_all(self, error: ServiceError) -> None:
         with self._wake:
@@ -301,8 +301,9 @@ class EngineService:
             with self._wake:
                 tickets = self._tickets.pop(key)
                 del self._engines[key]
+            error = out_of_memory(exc) or ServiceError(f"transcription failed: {type(exc).__name__}")
             for ticket in tickets:
-                ticket.finish(ServiceError(f"transcription failed: {type(exc).__name__}"))
+                ticket.finish(error)
             return True
         if self.on_batch and engine.last_batch:
             self.on_batch(engine.last_batch, key.batch_size)
