@@ -166,12 +166,18 @@ def test_hidden_files_and_folders_are_left_out_of_a_folder_as_of_a_glob(tmp_path
 
 
 def test_quoted_recursive_glob_is_expanded_by_ferrum(tmp_path):
+    """As the shell would have: '**' any folders deep, and '~' (which quotes keep from the shell) home."""
     src, out = tmp_path / "talks", tmp_path / "out"
     _make_tree(src)
     proc = run_ferrum("transcribe", "**/*.flac", "-o", str(out), cwd=src)
     assert proc.returncode == 0, proc.stderr
     produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt"))
     assert produced == ["a/wizard.txt", "jfk.txt"]
+
+    home_out = tmp_path / "from-home"
+    proc = run_ferrum("transcribe", "~/talks/**/*.flac", "-o", str(home_out), env={"HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.relative_to(home_out).as_posix() for p in home_out.rglob("*.txt")) == produced
 
 
 def test_several_inputs_on_stdout_each_get_a_header():

@@ -412,8 +412,10 @@ def test_known_speakers_samples_name_their_voices(tmp_path):
     audio = decode_file(two).samples
     for name, start, end in (("Carol", 22.0, 27.5), ("Dora", 18.6, 21.5)):  # each alone, from the reference turns
         (tmp_path / f"{name}.wav").write_bytes(wav_bytes(audio[int(start * 16000) : int(end * 16000)]))
-    samples = [arg for name in ("Carol", "Dora") for arg in ("--speaker-sample", f"{name}={tmp_path / name}.wav")]
-    proc = run_ferrum("transcribe", str(two), "--diarize", *samples, "-f", "json", "-o", str(tmp_path), "-q")
+    # Dora's as zsh leaves NAME=~/file, unexpanded
+    samples = ["--speaker-sample", f"Carol={tmp_path / 'Carol.wav'}", "--speaker-sample", "Dora=~/Dora.wav"]
+    home = {"HOME": str(tmp_path)}
+    proc = run_ferrum("transcribe", str(two), "--diarize", *samples, "-f", "json", "-o", str(tmp_path), "-q", env=home)
     assert proc.returncode == 0, proc.stderr
     speakers = [s["speaker"] for s in json.loads((tmp_path / "pyannote_sample.json").read_text())["segments"]]
     assert speakers[0] == "Carol" and set(speakers) == {"Carol", "Dora"}, speakers

@@ -152,6 +152,12 @@ def shown_path(path: Path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def home_expanded(name: str) -> str:
+    """A name that starts with ~ and names nothing as it is, with ~ as the shell expands it: quotes
+    keep a pattern ('~/talks/**/*.m4a') from the shell, and zsh leaves NAME=~/file as it is."""
+    return os.path.expanduser(name) if name.startswith("~") and not os.path.lexists(name) else name
+
+
 def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
     """Jobs in the order given; duplicates (by real path) once; raises UsageError when nothing matches."""
     jobs: list[Job] = []
@@ -176,6 +182,7 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
                 seen.add(STDIN)
                 jobs.append(Job(STDIN, _safe_relative(Path(stdin_name)), "<stdin>"))
             continue
+        item = home_expanded(item)
         path = Path(item)
         if os.path.isdir(path):  # os.path's checks answer False where pathlib's raise (EACCES)
             files = walk_media(path)

@@ -452,6 +452,7 @@ SAMPLE_BYTES = 50 << 20  # a known speaker's sample: seconds of audio, in any fo
 
 def _known_speakers(given: list[str]) -> tuple[KnownSpeaker, ...]:
     """--speaker-sample NAME=FILE: each file read here, so that a wrong one fails before the model loads."""
+    from ..batch.inputs import home_expanded
     from ..options import KnownSpeaker
 
     known = []
@@ -461,7 +462,7 @@ def _known_speakers(given: list[str]) -> tuple[KnownSpeaker, ...]:
         if not sep or not name or not path:
             raise UsageError(f"--speaker-sample takes NAME=FILE, not {item!r}")
         try:
-            with open(path, "rb") as fh:
+            with open(home_expanded(path), "rb") as fh:
                 data = fh.read(SAMPLE_BYTES + 1)
         except OSError as exc:
             raise UsageError(f"cannot read the sample of {name!r}: {exc.strerror or exc}") from None
