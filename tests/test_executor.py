@@ -414,6 +414,34 @@ def test_samples_as_callers_hold_them_read_as_their_file_and_others_fail_alone(e
 
 
 @needs_corpus
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is multiprocessing's default on Linux")
+def test_an_executor_that_has_worked_transcribes_in_processes_forked_from_it():
+    """A model loaded once and shared by forking (multiprocessing.Pool's default on Linux): the
+    children transcribe, where before they waited for ever on the VAD's pool of threads, which a
+    forked process inherits without its threads."""
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing
+        from ferrum_cli import WhisperModelExecutor
+
+        executor = WhisperModelExecutor.from_path("base")
+        print(executor.transcribe_file({str(corpus(JFK))!r}, language="en"))
+
+        def child(path):
+            return executor.transcribe_file(path, language="en")
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            for text in pool.map_async(child, [{str(corpus(JFK))!r}] * 2).get(timeout=120):
+                print(text)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parent, *children = proc.stdout.splitlines()
+    assert children == [parent, parent] and "ask not what your country" in words(parent)
+
+
+@needs_corpus
 def test_leaving_many_inputs_early_stops_the_rest_and_frees_the_executor(executor):
     """A caller that stops reading (an error, Ctrl-C) cancels the inputs not yet handed back; the
     engine's thread ends and the executor takes the next call."""

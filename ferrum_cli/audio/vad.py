@@ -8,6 +8,7 @@ audio is cut into up to 128 streams of at least 2 s that overlap by 0.5 s, run a
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict
@@ -51,6 +52,17 @@ def _model(reader: int):
 @lru_cache(maxsize=1)
 def _readers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(MAX_READERS - 1, thread_name_prefix="ferrum-vad")
+
+
+def _after_fork_in_child() -> None:
+    """A forked process (multiprocessing's default on Linux) has none of its parent's threads:
+    the pool it would inherit waits on workers that are not there, and the lock may be held by one."""
+    global _MODEL_LOCK
+    _readers.cache_clear()
+    _MODEL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def speech_probabilities(samples: np.ndarray, streams: int = 128) -> np.ndarray:
