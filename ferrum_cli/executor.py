@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Union
@@ -89,6 +90,7 @@ class WhisperModelExecutor:
         self._state = "ready"
         self._counters = _Counters()
         self._lock = threading.Lock()
+        self._holder: int | None = None  # the thread whose call holds _lock
         self._count_model_calls()
 
     @classmethod
@@ -110,6 +112,22 @@ class WhisperModelExecutor:
         return on_own_thread(lambda: _load(model_path, device, dtype)[0])
 
     # -- lifecycle -------------------------------------------------------------
+
+    @contextmanager
+    def _exclusive(self):
+        """The model to one call at a time. A call made from inside another on the same thread (from
+        a callback, or the body of a loop over transcribe_many) would wait for itself for ever."""
+        if self._holder == threading.get_ident():
+            raise ExecutorStateError(
+                "the executor is already transcribing on this thread: a callback, or the body of a loop "
+                "over transcribe_many, cannot call it until that call is done"
+            )
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
 
     def _require_model(self):
         if self._state == "shutdown" or self._model is None:
@@ -207,7 +225,7 @@ class WhisperModelExecutor:
         self._require_model()
         options = options or TranscribeOptions()
         self.check_options(options)
-        with self._lock:
+        with self._exclusive():
             self._state = "busy"
             try:
                 yield from self._in_order(items, options, _Callbacks(on_segment, on_progress, on_partial, on_step))
@@ -292,7 +310,7 @@ class WhisperModelExecutor:
         options = TranscribeOptions(languages=tuple(among))
         options.check()
         chunks = audio_opener(audio)()  # an input of no kind it reads raises its InputError here
-        with self._lock:
+        with self._exclusive():
             windows = plan_windows(chunks, options.vad, options.vad_options)
             first = [w for _, w in itertools.islice(windows, options.batch_size)]
             return detect_language(model, first, plan_compute(model, options).encoder, among=options.languages)

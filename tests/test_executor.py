@@ -442,6 +442,35 @@ def test_an_executor_that_has_worked_transcribes_in_processes_forked_from_it():
 
 
 @needs_corpus
+def test_a_call_from_inside_a_call_on_the_same_thread_is_refused_not_a_hang():
+    """A callback, or the body of a loop over transcribe_many, that calls the executor again would
+    wait for the call it is inside of for ever: it is an ExecutorStateError, and the executor goes
+    on. (An executor of its own, on a thread of its own: a regression hangs only them.)"""
+    import threading
+
+    from ferrum_cli import WhisperModelExecutor
+
+    own = WhisperModelExecutor.from_path("tiny.en")
+    clip = str(corpus(JFK))
+    refused, texts = [], []
+
+    def calls_from_inside():
+        with pytest.raises(ExecutorStateError, match="already transcribing on this thread") as inside_callback:
+            own.transcribe(clip, on_segment=lambda segment: own.transcribe(clip))
+        with pytest.raises(ExecutorStateError, match="already transcribing on this thread") as inside_loop:
+            for _ in own.transcribe_many([(0, clip), (1, clip)]):
+                own.detect_language(clip)
+        refused.extend((inside_callback, inside_loop))
+        texts.append(own.transcribe(clip).text)
+
+    caller = threading.Thread(target=calls_from_inside, daemon=True)
+    caller.start()
+    caller.join(timeout=180)
+    assert not caller.is_alive(), "a call from inside a call waits for itself"
+    assert len(refused) == 2 and "ask not" in words(texts[0])
+
+
+@needs_corpus
 def test_leaving_many_inputs_early_stops_the_rest_and_frees_the_executor(executor):
     """A caller that stops reading (an error, Ctrl-C) cancels the inputs not yet handed back; the
     engine's thread ends and the executor takes the next call."""
