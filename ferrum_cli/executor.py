@@ -116,18 +116,25 @@ class WhisperModelExecutor:
     @contextmanager
     def _exclusive(self):
         """The model to one call at a time. A call made from inside another on the same thread (from
-        a callback, or the body of a loop over transcribe_many) would wait for itself for ever."""
+        a callback, or the body of a loop over transcribe_many) would wait for itself for ever, and
+        while serve()'s service runs it owns the model: both are refused."""
         if self._holder == threading.get_ident():
             raise ExecutorStateError(
                 "the executor is already transcribing on this thread: a callback, or the body of a loop "
                 "over transcribe_many, cannot call it until that call is done"
             )
+        self._refuse_while_serving()
         with self._lock:
+            self._refuse_while_serving()  # serve() may have begun while this call waited
             self._holder = threading.get_ident()
             try:
                 yield
             finally:
                 self._holder = None
+
+    def _refuse_while_serving(self) -> None:
+        if self._state == "serving":
+            raise ExecutorStateError("the executor is serving: submit to the service serve() gave, or close it first")
 
     def _require_model(self):
         if self._state == "shutdown" or self._model is None:
@@ -158,8 +165,9 @@ class WhisperModelExecutor:
         start = time.perf_counter()
         noise = np.random.default_rng(0).normal(0, 0.05, 16000).astype(np.float32)
         options = TranscribeOptions(language="en", temperature=(0.0,), vad=False)
-        for _ in self._in_order([(None, noise)], options, _Callbacks(), count=False):
-            pass
+        with self._exclusive():
+            for _ in self._in_order([(None, noise)], options, _Callbacks(), count=False):
+                pass
         return time.perf_counter() - start
 
     def shutdown(self) -> None:
@@ -270,11 +278,12 @@ class WhisperModelExecutor:
 
     def serve(self, share_batches: bool = True, on_batch=None):
         """A long-lived EngineService on this model, for callers on many threads (the server).
-        It owns the model until closed: do not transcribe through this executor meanwhile."""
+        It owns the model until closed: the executor's own calls meanwhile are an ExecutorStateError."""
         from .engine.service import EngineService
 
-        service = EngineService(self._require_model(), share_batches, on_batch, self._count_result)
-        self._state = "serving"
+        with self._exclusive():  # after a call in progress on another thread
+            service = EngineService(self._require_model(), share_batches, on_batch, self._count_result)
+            self._state = "serving"
         service.on_closed = self._service_closed
         return service
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -468,6 +469,32 @@ def test_a_call_from_inside_a_call_on_the_same_thread_is_refused_not_a_hang():
     caller.join(timeout=180)
     assert not caller.is_alive(), "a call from inside a call waits for itself"
     assert len(refused) == 2 and "ask not" in words(texts[0])
+
+
+@needs_corpus
+def test_while_its_service_runs_the_executors_own_calls_are_refused():
+    """serve()'s EngineService owns the model until it is closed: a transcribe, a warm-up or a
+    second service meanwhile is an ExecutorStateError (before, a transcribe ran a second engine
+    on the model beside it and left the executor "ready" while the service still ran)."""
+    from ferrum_cli import Ticket, WhisperModelExecutor, audio_opener
+
+    own = WhisperModelExecutor.from_path("tiny.en")
+    clip = str(corpus(JFK))
+    service = own.serve()
+    try:
+        for call in (lambda: own.transcribe(clip), own.warmup, own.serve, lambda: own.detect_language(clip)):
+            with pytest.raises(ExecutorStateError, match="the executor is serving"):
+                call()
+        assert own.status()["state"] == "serving"
+        done = []
+        service.submit(Ticket(audio_opener(clip), TranscribeOptions(), lambda *_: None, done.append))
+        while not done:
+            time.sleep(0.05)
+        assert "ask not" in words(done[0].text)
+    finally:
+        service.close()
+    assert own.status()["state"] == "ready"
+    assert "ask not" in words(own.transcribe(clip).text)
 
 
 @needs_corpus
