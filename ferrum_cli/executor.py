@@ -444,7 +444,7 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
     read. audio_stream: which of a file's audio streams (TranscribeOptions.audio_stream)."""
     import numpy as np
 
-    from .audio.ffmpeg import decode_bytes, stream_file
+    from .audio.ffmpeg import SpooledInput, decode_bytes, stream_file
     from .audio.pcm import samples_of
 
     if isinstance(source, np.ndarray):  # samples already, at 16 kHz
@@ -457,18 +457,9 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
         return lambda: decode_bytes(bytes(source), audio_stream)
     if isinstance(source, (str, os.PathLike)):
         return lambda: stream_file(source, audio_stream=audio_stream)
-    if callable(getattr(source, "read", None)):  # an open file, io.BytesIO, a web framework's upload
-        return lambda: decode_bytes(_bytes_read(source), audio_stream)
+    if callable(getattr(source, "read", None)):  # stdin, an open file, io.BytesIO, a web framework's upload
+        return lambda: SpooledInput(source, audio_stream)
     return lambda: _not_audio(source)
-
-
-def _bytes_read(source) -> bytes:
-    """What an open binary file holds from where it stands: ffmpeg reads it from memory, as bytes,
-    so that a container whose index comes last (an mp4's) is read whole."""
-    data = source.read()
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InputError(f"a file of audio must be opened in binary mode ('rb'): its read() gave {type(data).__name__}")
-    return bytes(data)
 
 
 def _not_audio(source: object):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import ClusterError, FerrumError, UsageError
+from ..errors import ClusterError, FerrumError, InputError, UsageError
 from .inputs import Job
-from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run, read_stdin
+from .runner import BatchEvents, BatchPlan, BatchSummary, fail_job, finish_job, jobs_to_run
 
 IN_FLIGHT = 8  # files per worker at once: its engine batches their windows together
 MAX_LOSSES = 3  # times a file may lose its worker before it fails
@@ -421,10 +421,18 @@ def _drive(ray, workers: Workers, queue: deque, outputs: dict, plan: BatchPlan, 
             finish_job(job, result, outputs[job], plan, events, summary)
 
 
+def _stdin_bytes() -> bytes:
+    """stdin whole, for a worker that cannot read the driver's."""
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise InputError("empty input on stdin")
+    return data
+
+
 def _payload(ray, workers: Workers, actor, job: Job):
     """The job's path where the worker reads the driver's files, else its bytes."""
     if job.is_stdin:
-        return read_stdin()
+        return _stdin_bytes()
     if actor not in workers.shared:
         size = Path(job.source).stat().st_size
         workers.shared[actor] = ray.get(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..audio.ffmpeg import AudioStream, stream_file
-from ..errors import AudioDecodeError, FerrumError, InputError, OutputError, out_of_memory
+from ..errors import AudioDecodeError, FerrumError, OutputError, out_of_memory
 from ..options import TranscribeOptions
 from ..platform.files import name_max
 from ..results import Segment, Transcription
@@ -79,13 +79,6 @@ def outputs_for(job: Job, output_dir: Path, formats: list[str]) -> dict[str, Pat
 def is_complete(paths: dict[str, Path]) -> bool:
     """Outputs are renamed into place whole, so existing means complete."""
     return all(p.is_file() for p in paths.values())
-
-
-def read_stdin() -> bytes:
-    data = sys.stdin.buffer.read()
-    if not data:
-        raise InputError("empty input on stdin")
-    return data
 
 
 @contextmanager
@@ -166,12 +159,12 @@ def run_batch(
 
 
 def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
-    """What the executor reads for a job: a live stream, stdin's bytes, a started decoder, or the path."""
+    """What the executor reads for a job: a live stream, stdin, a started decoder, or the path."""
     if plan.live and job.is_stream:
         source = "pipe:0" if job.is_stdin else job.source
         return AudioStream(source, live=True, input_format=job.capture_format, audio_stream=plan.options.audio_stream)
     if job.is_stdin:
-        return read_stdin
+        return sys.stdin.buffer  # copied to a temporary file as it comes, then read as a file (SpooledInput)
     return started.get(job, job.source)
 
 
