@@ -96,6 +96,13 @@ def test_openai_whisper_warnings_come_as_one_clean_line_of_the_input():
     assert proc.returncode == 0, proc.stderr
     expected = f"warning: {corpus(JFK)}: Word-level timestamps on translations may not be reliable."
     assert expected in proc.stderr.splitlines()
+    # words the user did not ask for, timed only to place speakers: the warning says what it is about
+    proc = run_ferrum("transcribe", str(corpus(JFK)), "--task", "translate", "--diarize", "-q")
+    assert proc.returncode == 0, proc.stderr
+    said = (
+        f"warning: {corpus(JFK)}: speaker changes are placed at word times, which may not be reliable on translations"
+    )
+    assert proc.stderr.splitlines() == [said]
     assert "UserWarning" not in proc.stderr and "FP16" not in proc.stderr  # float16 weights are ours to run
 
 

@@ -101,7 +101,11 @@ class Source:
         result.peak = self.counted.peak if self.counted else 0.0
         result.warnings.extend(getattr(self.counted.chunks if self.counted else None, "warnings", ()))
         if used["word_timestamps"] and options.task == "translate" and self.segments:  # as openai-whisper warns
-            result.warnings.append("Word-level timestamps on translations may not be reliable.")
+            result.warnings.append(
+                "Word-level timestamps on translations may not be reliable."
+                if used["word_probabilities"]  # else words were timed only to place speakers (--diarize)
+                else "speaker changes are placed at word times, which may not be reliable on translations"
+            )
         return result
 
 
