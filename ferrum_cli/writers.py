@@ -73,6 +73,19 @@ def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str
     return (SPEAKER_MARK(segment.speaker) if segment.speaker else "") + segment.text.strip() + "\n"
 
 
+JSON_FORMATS = ("json", "jsonl")
+
+
+def named_json(result: Transcription, fmt: str, name: str) -> str:
+    """json or jsonl whose records each name their input ("input"): several inputs on one stdout
+    stay one stream that a JSON reader takes (jq, json.loads line by line)."""
+    if fmt == "json":
+        return strict_json({"input": name, **result.to_dict()}) + "\n"
+    return "".join(
+        strict_json({"input": name, **s.to_dict(), "language": result.language}) + "\n" for s in result.segments
+    )
+
+
 def _txt(result: Transcription, layout: SubtitleLayout) -> str:
     if not result.turns:
         return "".join(segment_line(s, "txt") for s in result.segments)

@@ -194,6 +194,20 @@ def test_several_inputs_on_stdout_each_get_a_header():
     assert len(headers) == 2 and JFK in headers[0]
 
 
+def test_several_inputs_in_json_on_stdout_are_one_stream_a_json_reader_takes():
+    """No "==>" header lines, which no JSON reader takes: each json document and jsonl line names
+    its input instead, as it was given."""
+    clips = [str(corpus(JFK)), str(corpus("en_librispeech_2830-3980-0043.wav"))]
+    proc = run_ferrum("transcribe", *clips, "-f", "jsonl", "-f", "json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    documents = [r for r in records if "segments" in r]
+    lines = [r for r in records if "segments" not in r]
+    assert [d["input"] for d in documents] == clips and "ask not" in words(documents[0]["text"])
+    assert {r["input"] for r in lines} == set(clips) and all(r["language"] == "en" for r in lines)
+    assert " ".join(r["text"] for r in lines if r["input"] == clips[1]).strip() == documents[1]["text"]
+
+
 @needs_corpus
 def test_a_reader_that_closes_stdout_ends_the_batch_quietly():
     """As `ferrum transcribe talks/ | head -1`: once nothing reads the results, the rest of the

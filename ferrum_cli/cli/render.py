@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..writers import WRITERS, SubtitleLayout, render, segment_line, strict_json
+from ..writers import JSON_FORMATS, WRITERS, SubtitleLayout, named_json, render, segment_line, strict_json
 from .console import err, write_stdout, writing_stdout
 
 TRANSCRIBING = "transcribing"
@@ -76,6 +76,8 @@ class TranscribeView:
         # each segment as it is decoded, flushed: live, every format that streams; else jsonl alone
         streams = [f for f in formats if WRITERS[f].streams] if live else ["jsonl"] if formats == ["jsonl"] else []
         self.streamed = streams if to_stdout and not several else []
+        # several inputs in json alone: each record names its input, where a "==>" line would break the JSON
+        self.named = to_stdout and several and all(f in JSON_FORMATS for f in formats)
         self.report_language = True
         self.progress: FileProgress | None = None
 
@@ -98,7 +100,9 @@ class TranscribeView:
         )
 
     def on_result(self, job, result) -> None:
-        if self.to_stdout:
+        if self.named:
+            write_stdout(*(named_json(result, f, job.display) for f in self.formats))
+        elif self.to_stdout:
             heading = [f"==> {job.display} <==\n"] if self.several else []
             write_stdout(*heading, *(render(result, f, self.layout) for f in self.formats if f not in self.streamed))
         if no_speech := result.no_speech_warning():
