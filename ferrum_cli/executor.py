@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Union
 
-from .audio.ffmpeg import AudioStream
+from .audio.ffmpeg import AudioStream, SpooledInput
 from .errors import ExecutorStateError, FerrumError, InputError, UsageError
 from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
@@ -444,12 +444,12 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
     read. audio_stream: which of a file's audio streams (TranscribeOptions.audio_stream)."""
     import numpy as np
 
-    from .audio.ffmpeg import SpooledInput, decode_bytes, stream_file
+    from .audio.ffmpeg import decode_bytes, stream_file
     from .audio.pcm import samples_of
 
     if isinstance(source, np.ndarray):  # samples already, at 16 kHz
         return lambda: [samples_of(source)]
-    if isinstance(source, AudioStream):
+    if isinstance(source, (AudioStream, SpooledInput)):
         return lambda: source
     if callable(source):
         return lambda: decode_bytes(source(), audio_stream)

@@ -427,6 +427,36 @@ def test_interrupted_batch_keeps_finished_outputs_and_resumes(tmp_path, sig, cod
     assert len(list(out.glob("*.txt"))) == 24
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_stdin_has_not_ended_stops_ferrum(tmp_path, sig, code):
+    """A writer that has not finished (a recorder, ffmpeg from a camera, without --live): Ctrl-C
+    or SIGTERM ends ferrum at once, and its copy of stdin is removed. The read that waited for
+    the rest was on the engine's thread, which the signal never reached: ferrum waited for ever."""
+    proc = subprocess.Popen(
+        [FERRUM, "transcribe", "-", "--language", "en"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        preexec_fn=as_from_a_terminal,
+    )
+    proc.stdin.write(corpus(JFK).read_bytes()[:20000])  # the start of the recording; the rest never comes
+    proc.stdin.flush()
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(tmp_path.glob("ferrum-input-*")):
+        time.sleep(0.1)
+    assert list(tmp_path.glob("ferrum-input-*")), "stdin was not copied to a temporary file"
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=60)  # stdin left open: closing it would end the wait for the rest
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.returncode == code, stderr
+    assert "interrupted" in stderr and not list(tmp_path.glob("ferrum-input-*"))
+
+
 def test_two_processes_on_the_same_outputs_never_corrupt_them(tmp_path):
     """Each with its share of the cores, as the README asks of processes run side by side: with
     every core each, their OpenMP threads wait on each other, and the pair took 8 s or 42 s."""

@@ -448,10 +448,25 @@ class SpooledInput:
     def __init__(self, stream: BinaryIO, audio_stream: int | None = None) -> None:
         self.stream, self.audio_stream = stream, audio_stream
         self.warnings: list[str] = []
+        self._copy: BinaryIO | None = None  # made by copied(), else when first read
+
+    def copied(self) -> SpooledInput:
+        """The copy made now, on the caller's thread: a read that waits for a stream that has not
+        ended (stdin) is then one that Ctrl-C reaches, not one the engine's thread waits in."""
+        copy = tempfile.NamedTemporaryFile(prefix="ferrum-input-")
+        try:
+            self._copy_into(copy)
+        except BaseException:
+            copy.close()
+            raise
+        self._copy = copy
+        return self
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        with tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
-            self._copy_into(copy)
+        made, self._copy = self._copy, None
+        with made or tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
+            if made is None:
+                self._copy_into(copy)
             decoded = AudioStream(copy.name, audio_stream=self.audio_stream)
             yield from decoded
             self.warnings = decoded.warnings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..audio.ffmpeg import AudioStream, stream_file
+from ..audio.ffmpeg import AudioStream, SpooledInput, stream_file
 from ..errors import AudioDecodeError, FerrumError, OutputError, out_of_memory
 from ..options import TranscribeOptions
 from ..platform.files import name_max
@@ -163,9 +164,16 @@ def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
     if plan.live and job.is_stream:
         source = "pipe:0" if job.is_stdin else job.source
         return AudioStream(source, live=True, input_format=job.capture_format, audio_stream=plan.options.audio_stream)
-    if job.is_stdin:
-        return sys.stdin.buffer  # copied to a temporary file as it comes, then read as a file (SpooledInput)
+    if job.is_stdin:  # copied to a temporary file here, on the thread Ctrl-C reaches, then read as a file
+        try:
+            return SpooledInput(sys.stdin.buffer, plan.options.audio_stream).copied()
+        except FerrumError as exc:  # empty, or the copy failed: that input's own error
+            return functools.partial(_raise, exc)
     return started.get(job, job.source)
+
+
+def _raise(error: FerrumError):
+    raise error
 
 
 def jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
