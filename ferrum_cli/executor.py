@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Union
 
-from .audio.ffmpeg import AudioStream, SpooledInput
+from .audio.ffmpeg import AudioStream, SpooledInput, stop_decoders
 from .errors import ExecutorStateError, FerrumError, InputError, UsageError
 from .languages import language_code
 from .options import MAX_BATCH_SIZE, TranscribeOptions
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], BinaryIO, "np.ndarray", AudioStream]
 LOOK_AHEAD = 2  # batches' worth of inputs submitted ahead of the one being read: short ones share a batch
+STOP_GRACE_SECONDS = 2.0  # how long a call left early waits for the engine before it stops the decoders
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,10 @@ class WhisperModelExecutor:
         finally:
             for _, _, ticket in waiting:
                 service.cancel(ticket)
+            if waiting and not service.close(STOP_GRACE_SECONDS):
+                # left early while the engine still reads: it may wait on audio that has not ended
+                # (a pipe whose writer goes on, a URL's stream), which no signal reaches
+                stop_decoders({service.thread_id, threading.get_ident()})
             service.close()
 
     def serve(self, share_batches: bool = True, on_batch=None):

@@ -457,6 +457,45 @@ def test_a_signal_while_stdin_has_not_ended_stops_ferrum(tmp_path, sig, code):
     assert "interrupted" in stderr and not list(tmp_path.glob("ferrum-input-*"))
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a named pipe")
+def test_sigterm_while_a_pipe_has_not_ended_stops_ferrum(tmp_path):
+    """A named pipe whose writer goes on (not --live): SIGTERM to ferrum alone, as a service
+    manager sends it, ends it. Its engine, done with what had come, waited for ffmpeg, which
+    waited for the writer, and the signal reached neither: ferrum waited for ever. It now stops
+    its decoders."""
+    import threading
+
+    recording = tmp_path / "five_minutes.mp3"  # past the 4 minutes the engine plans at a time
+    _ffmpeg("-stream_loop", "27", "-i", str(corpus(JFK)), "-ac", "1", str(recording))
+    pipe = tmp_path / "recorder.pipe"
+    os.mkfifo(pipe)
+    done = threading.Event()
+
+    def writer():  # five minutes of audio, then a writer that has not finished
+        with open(pipe, "wb") as fifo:
+            fifo.write(recording.read_bytes())
+            fifo.flush()
+            done.wait(300)
+
+    threading.Thread(target=writer, daemon=True).start()
+    command = [FERRUM, "transcribe", str(pipe), "-m", "tiny.en", "--batch-size", "4", "-v"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        start = 0.0
+        while start < 180:  # -v's segments, "[  184.20 →   190.02] text", until the second batch's
+            line = proc.stderr.readline().decode()
+            assert line, "ferrum ended"
+            if "→" in line:
+                start = float(line.strip("[ ").split()[0])
+        time.sleep(3)  # through the 4 minutes it plans at a time, the engine waits for the rest
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        done.set()
+    assert proc.returncode == 143, proc.stderr.read().decode()
+
+
 def test_two_processes_on_the_same_outputs_never_corrupt_them(tmp_path):
     """Each with its share of the cores, as the README asks of processes run side by side: with
     every core each, their OpenMP threads wait on each other, and the pair took 8 s or 42 s."""

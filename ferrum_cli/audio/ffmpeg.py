@@ -334,6 +334,18 @@ def _widen_pipe(pipe) -> None:
 
 LIVE_CHUNK_SECONDS = 0.1  # what a live input hands on at a time
 
+_decoders: dict[subprocess.Popen, int] = {}  # AudioStream's running ffmpeg, by the thread that started each
+_decoders_lock = threading.Lock()
+
+
+def stop_decoders(threads: set[int]) -> None:
+    """Kill the running decoders that these threads started: a read that waits on one whose input
+    has not ended (a pipe's writer that goes on, a URL's stream) then ends, and its thread with it."""
+    with _decoders_lock:
+        started = [proc for proc, thread in _decoders.items() if thread in threads]
+    for proc in started:
+        proc.kill()
+
 
 class AudioStream:
     """float32 chunks as ffmpeg produces them, so memory does not grow with length.
@@ -380,6 +392,8 @@ class AudioStream:
         if proc is not None:
             proc.kill()
             proc.communicate()
+            with _decoders_lock:
+                _decoders.pop(proc, None)
 
     def _spawn(self) -> subprocess.Popen:
         stdin = None if self.source == "pipe:0" else subprocess.DEVNULL  # pipe:0: ffmpeg reads ours
@@ -393,6 +407,8 @@ class AudioStream:
                 stderr=subprocess.PIPE,
             )
         _widen_pipe(proc.stdout)
+        with _decoders_lock:
+            _decoders[proc] = threading.get_ident()
         if self.feed is not None:
             threading.Thread(target=_write_feed, args=(self.feed, proc.stdin), name="ffmpeg-feed", daemon=True).start()
         return proc
@@ -432,6 +448,8 @@ class AudioStream:
             proc.stdout.close()
             proc.wait()
             drain.join()
+            with _decoders_lock:
+                _decoders.pop(proc, None)
         log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"), self.audio_stream)
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))

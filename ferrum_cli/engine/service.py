@@ -164,14 +164,22 @@ class EngineService:
             self._idle.clear()
             self._wake.notify()
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish what was submitted, then stop the thread."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish what was submitted, then stop the thread; whether it stopped within timeout."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
-        if self.on_closed and not self._thread.is_alive():
+        if self._thread.is_alive():
+            return False
+        if self.on_closed:
             self.on_closed()
+        return True
+
+    @property
+    def thread_id(self) -> int | None:
+        """The engine's thread (threading.get_ident's number)."""
+        return self._thread.ident
 
     # -- the engine's thread -----------------------------------------------------------
 
