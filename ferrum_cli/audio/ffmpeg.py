@@ -338,6 +338,14 @@ _decoders: dict[subprocess.Popen, int] = {}  # AudioStream's running ffmpeg, by 
 _decoders_lock = threading.Lock()
 
 
+def _track(proc: subprocess.Popen, running: bool) -> None:
+    with _decoders_lock:
+        if running:
+            _decoders[proc] = threading.get_ident()
+        else:
+            _decoders.pop(proc, None)
+
+
 def stop_decoders(threads: set[int]) -> None:
     """Kill the running decoders that these threads started: a read that waits on one whose input
     has not ended (a pipe's writer that goes on, a URL's stream) then ends, and its thread with it."""
@@ -392,8 +400,7 @@ class AudioStream:
         if proc is not None:
             proc.kill()
             proc.communicate()
-            with _decoders_lock:
-                _decoders.pop(proc, None)
+            _track(proc, running=False)
 
     def _spawn(self) -> subprocess.Popen:
         stdin = None if self.source == "pipe:0" else subprocess.DEVNULL  # pipe:0: ffmpeg reads ours
@@ -407,8 +414,7 @@ class AudioStream:
                 stderr=subprocess.PIPE,
             )
         _widen_pipe(proc.stdout)
-        with _decoders_lock:
-            _decoders[proc] = threading.get_ident()
+        _track(proc, running=True)
         if self.feed is not None:
             threading.Thread(target=_write_feed, args=(self.feed, proc.stdin), name="ffmpeg-feed", daemon=True).start()
         return proc
@@ -448,8 +454,7 @@ class AudioStream:
             proc.stdout.close()
             proc.wait()
             drain.join()
-            with _decoders_lock:
-                _decoders.pop(proc, None)
+            _track(proc, running=False)
         log = FFmpegLog.parse(b"".join(stderr_parts).decode("utf-8", "replace"), self.audio_stream)
         if total == 0:
             raise AudioDecodeError(log.reason(self.source))
@@ -467,13 +472,19 @@ class SpooledInput:
         self.stream, self.audio_stream = stream, audio_stream
         self.warnings: list[str] = []
         self._copy: BinaryIO | None = None  # made by copied(), else when first read
+        self._failed: InputError | None = None  # why copied() could not copy: raised when read
 
     def copied(self) -> SpooledInput:
         """The copy made now, on the caller's thread: a read that waits for a stream that has not
-        ended (stdin) is then one that Ctrl-C reaches, not one the engine's thread waits in."""
+        ended (stdin) is then one that Ctrl-C reaches, not one the engine's thread waits in. An
+        input that cannot be copied (empty, a full disk) fails when read, as that input's error."""
         copy = tempfile.NamedTemporaryFile(prefix="ferrum-input-")
         try:
             self._copy_into(copy)
+        except InputError as exc:
+            copy.close()
+            self._failed = exc
+            return self
         except BaseException:
             copy.close()
             raise
@@ -481,6 +492,8 @@ class SpooledInput:
         return self
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        if self._failed is not None:
+            raise self._failed
         made, self._copy = self._copy, None
         with made or tempfile.NamedTemporaryFile(prefix="ferrum-input-") as copy:
             if made is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -165,15 +164,8 @@ def _audio_of(job: Job, plan: BatchPlan, started: dict[Job, AudioStream]):
         source = "pipe:0" if job.is_stdin else job.source
         return AudioStream(source, live=True, input_format=job.capture_format, audio_stream=plan.options.audio_stream)
     if job.is_stdin:  # copied to a temporary file here, on the thread Ctrl-C reaches, then read as a file
-        try:
-            return SpooledInput(sys.stdin.buffer, plan.options.audio_stream).copied()
-        except FerrumError as exc:  # empty, or the copy failed: that input's own error
-            return functools.partial(_raise, exc)
+        return SpooledInput(sys.stdin.buffer, plan.options.audio_stream).copied()
     return started.get(job, job.source)
-
-
-def _raise(error: FerrumError):
-    raise error
 
 
 def jobs_to_run(plan: BatchPlan, events: BatchEvents, summary: BatchSummary) -> Iterator[tuple[Job, dict[str, Path]]]:
