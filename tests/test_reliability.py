@@ -598,19 +598,19 @@ def test_stdin_and_open_files_are_decoded_as_they_are_read_not_held_whole(tmp_pa
     from ferrum_cli import audio_opener
     from ferrum_cli.audio.constants import SAMPLE_RATE
 
-    long = tmp_path / "two_minutes.m4a"  # ffmpeg's mp4 muxer writes the index at the end
-    _ffmpeg("-stream_loop", "11", "-i", str(corpus(JFK)), "-ac", "1", "-c:a", "aac", str(long))
+    long = tmp_path / "seventy_seconds.m4a"  # ffmpeg's mp4 muxer writes the index at the end
+    _ffmpeg("-stream_loop", "6", "-i", str(corpus(JFK)), "-ac", "1", "-c:a", "aac", str(long))
     copies = os.path.join(tempfile.gettempdir(), "ferrum-input-*")
     before = set(glob.glob(copies))
     with open(long, "rb") as opened:
         sizes = [len(chunk) for chunk in audio_opener(opened)()]
-    assert len(sizes) >= 4 and max(sizes) <= 30 * SAMPLE_RATE and sum(sizes) >= 130 * SAMPLE_RATE
+    assert len(sizes) >= 3 and max(sizes) <= 30 * SAMPLE_RATE and sum(sizes) >= 75 * SAMPLE_RATE
     assert set(glob.glob(copies)) <= before
 
-    piped = run_ferrum("transcribe", "-", stdin=long.read_bytes(), timeout=300)
-    named = run_ferrum("transcribe", str(long), timeout=300)
+    piped = run_ferrum("transcribe", "-", "-m", "tiny.en", stdin=long.read_bytes(), timeout=300)
+    named = run_ferrum("transcribe", str(long), "-m", "tiny.en", timeout=300)
     assert piped.returncode == 0 and named.returncode == 0, piped.stderr + named.stderr
-    assert piped.stdout == named.stdout and words(piped.stdout).count("what you can do for your country") >= 10
+    assert piped.stdout == named.stdout and words(piped.stdout).count("what you can do for your country") >= 5
 
 
 def test_a_started_stream_decodes_before_it_is_read_and_reads_the_same(tmp_path):
