@@ -106,15 +106,20 @@ def _json(result: Transcription, layout: SubtitleLayout) -> str:
     return strict_json(result.to_dict()) + "\n"
 
 
-def _openai_whisper(writer: str, mark: Callable[[str], str]) -> Callable[[Transcription, SubtitleLayout], str]:
+def _openai_whisper(
+    writer: str, mark: Callable[[str], str], escaped: Callable[[str], str] = str
+) -> Callable[[Transcription, SubtitleLayout], str]:
     """openai-whisper's own srt or vtt writer; a segment's speaker marked at the start of its text
-    (of its first word, where words are laid out into lines)."""
+    (of its first word, where words are laid out into lines), the text escaped as the format needs."""
 
     def write(result: Transcription, layout: SubtitleLayout) -> str:
         from whisper import utils
 
         doc = result.to_dict()
         for segment in doc["segments"]:
+            segment["text"] = escaped(segment["text"])
+            for word in segment.get("words") or ():
+                word["word"] = escaped(word["word"])
             if speaker := segment.get("speaker"):
                 segment["text"] = mark(speaker) + segment["text"].strip()
                 if segment.get("words"):
@@ -124,6 +129,11 @@ def _openai_whisper(writer: str, mark: Callable[[str], str]) -> Callable[[Transc
         return buffer.getvalue()
 
     return write
+
+
+def vtt_escaped(text: str) -> str:
+    """Text as a WebVTT cue holds it: a bare '&', '<' or '>' (or '-->') would read as markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _tsv(result: Transcription, layout: SubtitleLayout) -> str:
@@ -151,7 +161,12 @@ WRITERS: dict[str, Writer] = {
     for writer in (
         Writer("txt", "text/plain; charset=utf-8", True, _txt),
         Writer("srt", "application/x-subrip; charset=utf-8", False, _openai_whisper("WriteSRT", SPEAKER_MARK)),
-        Writer("vtt", "text/vtt; charset=utf-8", False, _openai_whisper("WriteVTT", "<v {}>".format)),
+        Writer(
+            "vtt",
+            "text/vtt; charset=utf-8",
+            False,
+            _openai_whisper("WriteVTT", lambda name: f"<v {vtt_escaped(name)}>", vtt_escaped),
+        ),
         Writer("json", "application/json", False, _json),
         Writer("tsv", "text/tab-separated-values; charset=utf-8", False, _tsv),
         Writer("jsonl", "application/x-ndjson", True, _jsonl),

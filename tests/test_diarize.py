@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -244,6 +245,34 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
     assert [w.speaker for s in out.segments for w in s.words] == ["SPEAKER_00"] * 2 + ["SPEAKER_01"] * 2
     assert [t.speaker for t in out.turns] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_02"]  # heard, no text: last
     assert out.text == result.text
+
+
+def test_webvtt_cues_hold_any_text_and_speaker_name_as_it_is():
+    """Whisper writes '&', '<' and '>' ("AT&T", "<3", "-->"), and a speaker may be named so: in a
+    WebVTT cue they would be markup, and a reader would drop or cut the text. They are escaped."""
+    import html
+
+    import webvtt
+
+    from ferrum_cli.writers import WRITERS, SubtitleLayout
+
+    text_words = [
+        (" AT&T", 0.0, 0.5, (1,)),
+        (" <3", 0.5, 1.0, (2,)),
+        (" -->", 1.0, 1.5, (3,)),
+        (" a>b", 1.5, 2.0, (4,)),
+    ]
+    segment = replace(_segment(text_words, [1, 2, 3, 4]), speaker="Ann & <Bob>")
+    segment = replace(segment, words=[replace(w, speaker=segment.speaker) for w in segment.words])
+    result = Transcription(segment.text, [segment], "en", 1.0, 2.0)
+    for layout in (SubtitleLayout(), SubtitleLayout(highlight_words=True), SubtitleLayout(max_words_per_line=2)):
+        captions = webvtt.from_string(WRITERS["vtt"].write(result, layout)).captions
+        assert {html.unescape(c.voice) for c in captions if c.voice} == {"Ann & <Bob>"}, layout
+        texts = [html.unescape(c.text) for c in captions]
+        if layout.highlight_words:
+            assert texts[0] == "AT&T <3 --> a>b", layout  # each cue the whole line, one word underlined
+        else:
+            assert " ".join(texts) == "AT&T <3 --> a>b", layout
 
 
 def test_the_servers_letters_go_on_past_z():
