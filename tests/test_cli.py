@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
+from ferrum_cli.batch.inputs import expand
 from ferrum_cli.platform.cpu import int8_available, usable_cpus
 
 from .helpers import (
@@ -133,8 +134,9 @@ def test_stdin_with_output_dir_writes_stdin_srt_or_the_given_name(tmp_path):
     proc = run_ferrum("transcribe", "-", "-f", "srt", "-o", str(tmp_path), stdin=data)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "stdin.srt").is_file() and proc.stdout == ""
-    proc = run_ferrum("transcribe", "-", "-f", "txt", "-o", str(tmp_path), "--stdin-name", "kennedy", stdin=data)
-    assert proc.returncode == 0 and (tmp_path / "kennedy.txt").is_file()
+    proc = run_ferrum("transcribe", "-", "-f", "txt", "-o", str(tmp_path), "--stdin-name", "kennedy.flac", stdin=data)
+    assert proc.returncode == 0 and (tmp_path / "kennedy.txt").is_file()  # named as the file it would be
+    assert [job.relative.name for job in expand(["-"], "call.2026-12")] == ["call.2026-12"]  # not a media suffix
 
 
 def _make_tree(root: Path) -> None:

@@ -180,7 +180,8 @@ def expand(inputs: list[str], stdin_name: str = "stdin") -> list[Job]:
         if item == STDIN:
             if STDIN not in seen:
                 seen.add(STDIN)
-                jobs.append(Job(STDIN, _safe_relative(Path(stdin_name)), "<stdin>"))
+                named = Path(stdin_name)  # 'talk.mp3' is the name of what stdin holds: out/talk.srt
+                jobs.append(Job(STDIN, _safe_relative(_stem(named) if _is_media(named) else named), "<stdin>"))
             continue
         item = home_expanded(item)
         path = Path(item)

@@ -145,7 +145,13 @@ def transcribe(
             rich_help_panel=IO_PANEL,
         ),
     ] = False,
-    stdin_name: Annotated[str, typer.Option(help="Output stem for stdin.", rich_help_panel=IO_PANEL)] = "stdin",
+    stdin_name: Annotated[
+        str,
+        typer.Option(
+            help="The name of what stdin holds, for its output files (talk or talk.mp3: talk.srt).",
+            rich_help_panel=IO_PANEL,
+        ),
+    ] = "stdin",
     audio_stream: Annotated[
         int | None,
         typer.Option(
