@@ -58,9 +58,11 @@ def _finite(value):
     return value
 
 
-def segment_json(segment: Segment, language: str | None = None) -> str:
+def segment_json(segment: Segment, language: str | None = None, input_name: str | None = None) -> str:
+    """A jsonl line's record: the segment, its input's language, and the input's name where one
+    stdout carries several inputs."""
     record = segment.to_dict() if language is None else {**segment.to_dict(), "language": language}
-    return strict_json(record)
+    return strict_json(record if input_name is None else {"input": input_name, **record})
 
 
 SPEAKER_MARK = "[{}] ".format  # a speaker's label before their text in txt and srt, streamed or written whole
@@ -81,9 +83,7 @@ def named_json(result: Transcription, fmt: str, name: str) -> str:
     stay one stream that a JSON reader takes (jq, json.loads line by line)."""
     if fmt == "json":
         return strict_json({"input": name, **result.to_dict()}) + "\n"
-    return "".join(
-        strict_json({"input": name, **s.to_dict(), "language": result.language}) + "\n" for s in result.segments
-    )
+    return "".join(segment_json(s, result.language, name) + "\n" for s in result.segments)
 
 
 def _txt(result: Transcription, layout: SubtitleLayout) -> str:
