@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import resource
+import sys
 import threading
 import time
 from collections import deque
@@ -22,10 +23,11 @@ from .results import Segment, Transcription
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
     from .engine.service import Ticket
 
-AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], BinaryIO, "np.ndarray", AudioStream]
+AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], BinaryIO, "np.ndarray", "torch.Tensor", AudioStream]
 LOOK_AHEAD = 2  # batches' worth of inputs submitted ahead of the one being read: short ones share a batch
 STOP_GRACE_SECONDS = 2.0  # how long a call left early waits for the engine before it stops the decoders
 
@@ -454,6 +456,8 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
 
     if isinstance(source, np.ndarray):  # samples already, at 16 kHz
         return lambda: [samples_of(source)]
+    if _is_torch_tensor(source):  # as openai-whisper's transcribe() takes them
+        return lambda: [samples_of(_tensor_samples(source))]
     if isinstance(source, (AudioStream, SpooledInput)):
         return lambda: source
     if callable(source):
@@ -467,11 +471,24 @@ def audio_opener(source: AudioSource, audio_stream: int | None = None) -> Callab
     return lambda: _not_audio(source)
 
 
+def _is_torch_tensor(source: object) -> bool:
+    torch = sys.modules.get("torch")  # a caller with a tensor has imported torch
+    return torch is not None and isinstance(source, torch.Tensor)
+
+
+def _tensor_samples(tensor) -> np.ndarray:
+    """A tensor's samples as numpy has them: from any device, floats as float32 (bfloat16 has
+    no numpy type), integers kept as the PCM they are."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.is_floating_point() else tensor).numpy()
+
+
 def _not_audio(source: object):
     """The error of an input of no kind audio_opener reads, which comes back as that input's own."""
     what = type(source).__name__
     raise InputError(
-        f"audio must be a path, bytes, a binary file, a numpy array of 16 kHz samples or an AudioStream, not {what}"
+        f"audio must be a path, bytes, a binary file, a numpy array or torch tensor of 16 kHz samples or an"
+        f" AudioStream, not {what}"
     )
 
 

@@ -389,16 +389,21 @@ def test_samples_in_memory_read_as_their_file(executor):
 
 @needs_corpus
 def test_samples_as_callers_hold_them_read_as_their_file_and_others_fail_alone(executor):
-    """int16 as scipy.io.wavfile gives it, those values cast to float, a column: the file's
-    text, where int16 read as floats was thousands of times full scale and gave other words.
-    Several channels, NaN, a list: that input's InputError, and the next input goes on."""
+    """int16 as scipy.io.wavfile gives it, those values cast to float, a column, torch tensors as
+    openai-whisper takes them and torchaudio.load gives them (a channel's row): the file's text,
+    where int16 read as floats was thousands of times full scale and gave other words. Several
+    channels, NaN, a list: that input's InputError, and the next input goes on."""
+    import torch
+
     path = corpus(JFK)
     text = executor.transcribe(path).text
     samples = decode_file(path).samples
     pcm = np.round(samples * 32767).astype(np.int16)
-    for held in (pcm, pcm.astype(np.float32), samples[:, None], samples.astype(np.float64)):
+    tensors = (torch.from_numpy(samples.copy()), torch.from_numpy(samples.copy())[None], torch.from_numpy(pcm))
+    for held in (pcm, pcm.astype(np.float32), samples[:, None], samples.astype(np.float64), *tensors):
         assert words(executor.transcribe(held).text) == words(text), (held.dtype, held.shape)
     assert executor.detect_language(pcm)[0] == "en"  # what transcribe takes, detect_language takes
+    assert executor.detect_language(tensors[0])[0] == "en"
     with pytest.raises(InputError, match="not list"):
         executor.detect_language(samples.tolist())
 
