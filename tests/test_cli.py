@@ -134,6 +134,9 @@ def test_stdin_with_output_dir_writes_stdin_srt_or_the_given_name(tmp_path):
     proc = run_ferrum("transcribe", "-", "-f", "srt", "-o", str(tmp_path), stdin=data)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "stdin.srt").is_file() and proc.stdout == ""
+    proc = run_ferrum("transcribe", "-", "-f", "srt", "-o", "-", "--model", "tiny.en", stdin=data, cwd=tmp_path)
+    assert proc.returncode == 0 and "ask not what your country" in proc.stdout  # '-o -' is stdout, as elsewhere
+    assert not (tmp_path / "-").exists()
     proc = run_ferrum("transcribe", "-", "-f", "txt", "-o", str(tmp_path), "--stdin-name", "kennedy.flac", stdin=data)
     assert proc.returncode == 0 and (tmp_path / "kennedy.txt").is_file()  # named as the file it would be
     assert [job.relative.name for job in expand(["-"], "call.2026-12")] == ["call.2026-12"]  # not a media suffix
@@ -311,6 +314,7 @@ def test_bad_option_values_exit_2():
         (["--temperature", "nan"], "temperature must be a number, not nan"),
         (["--patience", "2"], "--patience needs --beam-size"),
         (["--patience", "0.1", "--beam-size", "5"], "--patience must be above 0.1 with --beam-size 5, not 0.1"),
+        (["-o", ""], "-o names no folder (an empty name); give a folder, or - for stdout"),  # -o "$UNSET": not cwd
     ):
         proc = run_ferrum("transcribe", str(SAMPLE), *bad)
         assert proc.returncode == 2 and proc.stderr == f"error: {said}\n", proc.stderr

@@ -131,9 +131,12 @@ def transcribe(
         ),
     ] = ["txt"],  # noqa: B006
     output_dir: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--output-dir", "-o", help="Write <stem>.<ext> files here, not to stdout.", rich_help_panel=IO_PANEL
+            "--output-dir",
+            "-o",
+            help="Write <stem>.<ext> files here, not to stdout ('-': stdout).",
+            rich_help_panel=IO_PANEL,
         ),
     ] = None,
     skip_existing: Annotated[
@@ -380,6 +383,7 @@ def transcribe(
     from .render import TranscribeView
 
     verify_ahead(model)  # on another thread, while the rest starts
+    output_dir = call(_output_folder, output_dir)
     call(check_compute, compute.value)
     formats = call(parse_formats, output_format, diarize)
     layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
@@ -476,6 +480,16 @@ def _known_speakers(given: list[str]) -> tuple[KnownSpeaker, ...]:
             raise UsageError(f"the sample of {name!r} is over {SAMPLE_BYTES >> 20} MB: give 2 to 10 s of them")
         known.append(KnownSpeaker(name, data))
     return tuple(known)
+
+
+def _output_folder(given: str | None) -> Path | None:
+    """-o's folder; None for stdout: no -o, or '-' as other tools name it. An empty name (a
+    script's unset variable, `-o "$OUT"`) is refused rather than read as the current folder."""
+    if given is None or given == "-":
+        return None
+    if not given:
+        raise UsageError("-o names no folder (an empty name); give a folder, or - for stdout")
+    return Path(given)
 
 
 def _inputs_or_stdin(inputs: list[str] | None) -> list[str]:
