@@ -400,6 +400,8 @@ def transcribe(
         _check_live(jobs, vad, sequential or (beam_size or 1) > 1, min_speakers)
     if workers is not None and cluster is None:
         fail(UsageError("--workers needs --cluster"))
+    if skip_existing and output_dir is None:
+        fail(UsageError("--skip-existing needs -o: it skips inputs whose files there are whole"))
     if output_dir is not None:
         call(ensure_writable_dir, output_dir)
     options = call(options_from, arguments)
