@@ -117,6 +117,13 @@ class TranscribeOptions:
                 value = [part.strip() for part in value.split(",") if part.strip()]
             if isinstance(value, (list, tuple)):
                 object.__setattr__(self, name, tuple(map(_plain, value)))
+        if isinstance(self.known_speakers, KnownSpeaker):
+            object.__setattr__(self, "known_speakers", (self.known_speakers,))
+        elif isinstance(self.known_speakers, dict):  # {"Ann": sample bytes}
+            pairs = tuple(KnownSpeaker(name, sample) for name, sample in self.known_speakers.items())
+            object.__setattr__(self, "known_speakers", pairs)
+        elif isinstance(self.known_speakers, list):
+            object.__setattr__(self, "known_speakers", tuple(self.known_speakers))
         if isinstance(self.vad_options, dict):
             try:
                 object.__setattr__(self, "vad_options", VadOptions(**self.vad_options))
@@ -190,6 +197,19 @@ class TranscribeOptions:
         if given and not self.diarize:
             verb = "needs" if len(given) == 1 else "need"
             raise UsageError(f"{', '.join(map(named, given))} {verb} {named('diarize')}")
+        for name in self.speaker_names:
+            if not isinstance(name, str):
+                raise UsageError(f"{named('speaker_names')} must be text, not {type(name).__name__}")
+        for known in self.known_speakers:
+            if not isinstance(known, KnownSpeaker):
+                raise UsageError(
+                    f"{named('known_speakers')} holds KnownSpeaker(name, sample), not {type(known).__name__}"
+                )
+            if not isinstance(known.name, str):
+                raise UsageError(f"a known speaker's name must be text, not {type(known.name).__name__}")
+            if not isinstance(known.reference, (bytes, bytearray)):
+                given = type(known.reference).__name__
+                raise UsageError(f"a known speaker's sample is its audio's bytes (Path(...).read_bytes()), not {given}")
         names = [*self.speaker_names, *(known.name for known in self.known_speakers)]
         if any(not name.strip() for name in names):
             raise UsageError("a speaker name is empty")

@@ -15,7 +15,7 @@ from ferrum_cli.audio.constants import SAMPLE_RATE
 from ferrum_cli.audio.ffmpeg import decode_file
 from ferrum_cli.audio.windows import BLOCK
 from ferrum_cli.errors import AudioDecodeError, ExecutorStateError, InputError, UsageError
-from ferrum_cli.options import TranscribeOptions, VadOptions
+from ferrum_cli.options import KnownSpeaker, TranscribeOptions, VadOptions
 
 from .helpers import JFK, SAMPLE, corpus, corpus_rows, english_rows, joined_clips, needs_corpus, wav_bytes, words
 
@@ -145,6 +145,18 @@ def test_options_take_the_forms_callers_write_by_hand():
     assert json.loads(json.dumps(from_numpy.record()))["beam_size"] == 3  # a result's json records its options
     with pytest.raises(UsageError, match=r"vad_options takes threshold, .*not \['thresh'\]"):
         TranscribeOptions(vad_options={"thresh": 0.3})
+
+    # known speakers: one, or a dict of name to sample; anything else a UsageError, not an AttributeError
+    ann = KnownSpeaker("Ann", b"sample")
+    assert TranscribeOptions(diarize=True, known_speakers=ann).known_speakers == (ann,)
+    assert TranscribeOptions(diarize=True, known_speakers={"Ann": b"sample"}).known_speakers == (ann,)
+    for wrong, said in (
+        ({"speaker_names": ("Ann", 5)}, "speaker_names must be text, not int"),
+        ({"known_speakers": [("Ann", b"sample")]}, r"known_speakers holds KnownSpeaker\(name, sample\), not tuple"),
+        ({"known_speakers": [KnownSpeaker("Ann", "ann.wav")]}, r"sample is its audio's bytes .*, not str"),
+    ):
+        with pytest.raises(UsageError, match=said):
+            TranscribeOptions(diarize=True, **wrong).check()
 
 
 def test_a_language_by_name_is_taken_by_the_plain_calls(executor):
