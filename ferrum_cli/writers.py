@@ -195,7 +195,9 @@ def parse_formats(values: list[str], diarize: bool = False) -> list[str]:
 
 
 def render(result: Transcription, fmt: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
-    """The text of one format."""
+    """The text of one format (a library caller's srt: render(result, "srt"))."""
+    if fmt not in WRITERS:
+        raise UsageError(f"unknown output format {fmt!r}; choose {', '.join(FORMATS)}")
     return WRITERS[fmt].write(result, layout)
 
 

@@ -172,6 +172,14 @@ def test_rich_result_has_segments_language_and_duration(executor):
     first = result.segments[0]
     assert first.tokens and first.avg_logprob < 0 and 0 <= first.no_speech_prob <= 1 and first.compression_ratio > 0
     assert result.options["language"] == "en"
+    import srt
+
+    from ferrum_cli import render
+
+    cues = list(srt.parse(render(result, "srt")))  # what -f srt writes, for a library caller
+    assert [c.content for c in cues] == [s.text.strip() for s in result.segments]
+    with pytest.raises(UsageError, match="unknown output format 'docx'; choose txt, srt"):
+        render(result, "docx")
 
 
 @needs_corpus
