@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import signal
@@ -10,10 +11,12 @@ import socket
 import subprocess
 import threading
 import time
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from ferrum_cli.audio.ffmpeg import find_ffmpeg
@@ -225,7 +228,14 @@ def test_known_speakers_are_named_where_their_voice_is_heard(server, client):
         )  # fmt: skip
     speakers = [s.speaker for s in named.segments]
     assert speakers[0] == "Carol" and set(speakers) == {"Carol", "Dora"}, speakers
-    jfk = reference(0.0, 8.0, decode_file(corpus(JFK)).samples)
+    # a 48 kHz stereo WAV, as recorders write them: its data URL (2.0 MB) is past Starlette's 1 MB for a field
+    jfk_16k = np.clip(decode_file(corpus(JFK)).samples[: 8 * 16000], -1, 1)
+    recorded = io.BytesIO()
+    with wave.open(recorded, "wb") as w:
+        w.setnchannels(2), w.setsampwidth(2), w.setframerate(48000)
+        w.writeframes((np.repeat(jfk_16k, 3)[:, None].repeat(2, axis=1) * 32767).astype("<i2").tobytes())
+    jfk = "data:audio/wav;base64," + base64.b64encode(recorded.getvalue()).decode()
+    assert len(jfk) > 2_000_000
     with open(two, "rb") as fh:
         unnamed = client.audio.transcriptions.create(
             model="whisper-1", file=fh, response_format="diarized_json",
