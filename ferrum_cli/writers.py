@@ -8,7 +8,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO
@@ -124,11 +124,29 @@ def _openai_whisper(
                 segment["text"] = mark(speaker) + segment["text"].strip()
                 if segment.get("words"):
                     segment["words"][0]["word"] = mark(speaker) + segment["words"][0]["word"].strip()
+        subtitles = getattr(utils, writer)(".")
+        marks = [mark(name) for name in dict.fromkeys(s["speaker"] for s in doc["segments"] if s.get("speaker"))]
+        if marks:
+            cues = subtitles.iterate_result
+            subtitles.iterate_result = lambda *args, **kwargs: _with_speakers(cues(*args, **kwargs), marks)
         buffer: IO[str] = io.StringIO()
-        getattr(utils, writer)(".").write_result(doc, buffer, asdict(layout))
+        subtitles.write_result(doc, buffer, asdict(layout))
         return buffer.getvalue()
 
     return write
+
+
+def _with_speakers(cues: Iterable[tuple[str, str, str]], marks: list[str]) -> Iterator[tuple[str, str, str]]:
+    """Every cue opens with its speaker's mark: a segment cut into several cues by the line
+    options marked only its first, and a highlighted first word took the mark into its <u>."""
+    speaking = ""
+    for start, end, text in cues:
+        for marked in marks:
+            text = text.replace("<u>" + marked, marked + "<u>")
+        if speaking and not any(text.startswith(marked) for marked in marks):
+            text = speaking + text
+        speaking = max(marks, key=text.rfind) if any(marked in text for marked in marks) else speaking
+        yield start, end, text
 
 
 def vtt_escaped(text: str) -> str:

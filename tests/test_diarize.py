@@ -247,32 +247,39 @@ def test_a_segment_is_split_at_the_word_where_the_speaker_changes():
     assert out.text == result.text
 
 
-def test_webvtt_cues_hold_any_text_and_speaker_name_as_it_is():
+def test_every_subtitle_cue_carries_its_speaker_and_any_text_as_it_is():
     """Whisper writes '&', '<' and '>' ("AT&T", "<3", "-->"), and a speaker may be named so: in a
-    WebVTT cue they would be markup, and a reader would drop or cut the text. They are escaped."""
+    WebVTT cue they would be markup, and a reader would drop or cut the text. They are escaped.
+    Each cue opens with its speaker, also where the line options cut a segment into several cues
+    and where the first word is underlined."""
     import html
 
+    import srt
     import webvtt
 
     from ferrum_cli.writers import WRITERS, SubtitleLayout
 
-    text_words = [
-        (" AT&T", 0.0, 0.5, (1,)),
-        (" <3", 0.5, 1.0, (2,)),
-        (" -->", 1.0, 1.5, (3,)),
-        (" a>b", 1.5, 2.0, (4,)),
-    ]
-    segment = replace(_segment(text_words, [1, 2, 3, 4]), speaker="Ann & <Bob>")
-    segment = replace(segment, words=[replace(w, speaker=segment.speaker) for w in segment.words])
-    result = Transcription(segment.text, [segment], "en", 1.0, 2.0)
-    for layout in (SubtitleLayout(), SubtitleLayout(highlight_words=True), SubtitleLayout(max_words_per_line=2)):
-        captions = webvtt.from_string(WRITERS["vtt"].write(result, layout)).captions
-        assert {html.unescape(c.voice) for c in captions if c.voice} == {"Ann & <Bob>"}, layout
+    ann = [(" AT&T", 0.0, 0.5, (1,)), (" <3", 0.5, 1.0, (2,)), (" -->", 1.0, 1.5, (3,)), (" a>b", 1.5, 2.0, (4,))]
+    bob = [(" Yes", 2.5, 3.0, (5,)), (" no", 3.0, 3.5, (6,)), (" maybe", 3.5, 4.0, (7,))]
+    segments = []
+    for number, (speaker, text_words) in enumerate((("Ann & <Bob>", ann), ("Carl", bob))):
+        segment = replace(_segment(text_words, [t for *_, ts in text_words for t in ts]), id=number, speaker=speaker)
+        segments.append(replace(segment, words=[replace(w, speaker=speaker) for w in segment.words]))
+    result = Transcription("".join(s.text for s in segments), segments, "en", 1.0, 4.0)
+    layouts = (SubtitleLayout(), SubtitleLayout(highlight_words=True), SubtitleLayout(max_words_per_line=2))
+    for layout in layouts:
+        vtt = WRITERS["vtt"].write(result, layout)
+        captions = webvtt.from_string(vtt).captions
+        voices = [html.unescape(c.voice or "") for c in captions]
+        assert voices == ["Ann & <Bob>"] * voices.count("Ann & <Bob>") + ["Carl"] * voices.count("Carl"), layout
         texts = [html.unescape(c.text) for c in captions]
         if layout.highlight_words:
-            assert texts[0] == "AT&T <3 --> a>b", layout  # each cue the whole line, one word underlined
+            assert texts[0] == "AT&T <3 --> a>b" and "\n<v Ann &amp; &lt;Bob&gt;><u>AT&amp;T</u>" in vtt
         else:
-            assert " ".join(texts) == "AT&T <3 --> a>b", layout
+            assert " ".join(texts) == "AT&T <3 --> a>b Yes no maybe", layout
+        cues = list(srt.parse(WRITERS["srt"].write(result, layout)))
+        assert all(c.content.startswith(("[Ann & <Bob>] ", "[Carl] ")) for c in cues), (layout, cues)
+        assert "<u>[" not in "".join(c.content for c in cues)
 
 
 def test_the_servers_letters_go_on_past_z():
