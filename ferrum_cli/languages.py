@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -37,7 +38,9 @@ def language_codes(given: Iterable[str]) -> tuple[str, ...]:
 
 
 def language_code(language: str) -> str | None:
-    """openai-whisper's code for a language given by code or English name; None for "auto"."""
+    """openai-whisper's code for a language given by code, English name, or a tag with a region or
+    script as browsers and locales write them (pt-BR, en_US, zh-Hans: Whisper has no variants, so
+    the language's own code); None for "auto"."""
     if not isinstance(language, str):
         raise UsageError(f"a language is a code or an English name, not {type(language).__name__}")
     names, to_code = languages()
@@ -45,6 +48,8 @@ def language_code(language: str) -> str | None:
     if name in ("auto", ""):
         return None
     code = to_code.get(name, name)
+    if code not in names and (primary := re.split(r"[-_]", code, maxsplit=1)[0]) in names:
+        code = primary
     if code not in names:
         raise UsageError(f"unknown language {language!r}")
     return code

@@ -161,6 +161,22 @@ def test_options_take_the_forms_callers_write_by_hand():
 
 def test_a_language_by_name_is_taken_by_the_plain_calls(executor):
     assert "Dashwood" in executor.transcribe_file(str(SAMPLE), language="English")
+    assert "Dashwood" in executor.transcribe_file(str(SAMPLE), language="en-GB")
+
+
+def test_a_language_tag_with_a_region_or_script_is_its_language():
+    """Tags as browsers and locales write them; Whisper has no regional variants."""
+    from ferrum_cli.languages import language_code
+
+    assert [language_code(t) for t in ("pt-BR", "en_US", "zh-Hans", "DE-de", "Chinese")] == [
+        "pt",
+        "en",
+        "zh",
+        "de",
+        "zh",
+    ]
+    with pytest.raises(UsageError, match="unknown language 'xx-YY'"):
+        language_code("xx-YY")
 
 
 @needs_corpus
