@@ -196,7 +196,10 @@ def transcribe(
     language: Annotated[
         str,
         typer.Option(
-            "--language", "-l", help="Language code, name or tag (de, German, pt-BR); auto detects it.", rich_help_panel=DECODING_PANEL
+            "--language",
+            "-l",
+            help="Language code, name or tag (de, German, pt-BR); auto detects it.",
+            rich_help_panel=DECODING_PANEL,
         ),
     ] = "auto",
     languages: Annotated[
