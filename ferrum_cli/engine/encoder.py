@@ -171,11 +171,18 @@ def _block_seconds(candidates: list[str], rounds: int = 3) -> dict[str, float]:
     return best
 
 
+def _stft_long(samples: np.ndarray, n_fft: int) -> np.ndarray:
+    """Samples that the STFT's reflected padding (n_fft // 2 either side) can read: a window of
+    a few milliseconds (a damaged file's) failed it, as the silence after it that openai-whisper
+    pads with would not have."""
+    return samples if len(samples) > n_fft // 2 else np.pad(samples, (0, n_fft // 2 + 1 - len(samples)))
+
+
 def encode_windows(model, windows: list[np.ndarray], compute: str | None = None) -> torch.Tensor:
     """[windows, 1500, width] encoder output for windows of samples, each padded to 30 s of log-mel:
     int8 products, autocast to bfloat16, or (None) the model's own dtype."""
     import torch
-    from whisper.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+    from whisper.audio import N_FFT, N_FRAMES, log_mel_spectrogram, pad_or_trim
 
     from ..platform.devices import torch_dtype
 
@@ -191,7 +198,7 @@ def encode_windows(model, windows: list[np.ndarray], compute: str | None = None)
     out = []
     for i in range(0, len(windows), max(step, 1)):
         mels = [
-            pad_or_trim(log_mel_spectrogram(torch.from_numpy(w), model.dims.n_mels), N_FRAMES)
+            pad_or_trim(log_mel_spectrogram(torch.from_numpy(_stft_long(w, N_FFT)), model.dims.n_mels), N_FRAMES)
             for w in windows[i : i + step]
         ]
         mel = torch.stack(mels).to(model.device, weights)
