@@ -492,6 +492,35 @@ def test_an_executor_that_has_worked_transcribes_in_processes_forked_from_it():
 
 
 @needs_corpus
+@pytest.mark.parametrize("ending", ["right after a call", "while a daemon thread transcribes"])
+def test_a_script_that_ends_while_ferrum_works_exits_cleanly(ending):
+    """A script that ends while the decoder's weights are still being packed (right after a short
+    call), or while a thread of its own is inside transcribe: torch, torn down under a thread in
+    one of its ops, aborted the process ("terminate called without an active exception", 134)."""
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        import numpy as np
+        from ferrum_cli import WhisperModelExecutor
+        from ferrum_cli.audio.ffmpeg import decode_file
+
+        executor = WhisperModelExecutor.from_path("tiny.en")
+        if {ending!r} == "right after a call":
+            print(repr(executor.transcribe(np.zeros(16000, np.float32)).text))
+        else:  # 5.5 minutes, the same words over: Whisper's loops, and fallbacks, make long batches
+            executor.transcribe({str(corpus(JFK))!r})
+            over_and_over = np.tile(decode_file({str(corpus(JFK))!r}).samples, 30)
+            threading.Thread(target=executor.transcribe, args=(over_and_over,), daemon=True).start()
+            time.sleep(2)
+        print("ending")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.splitlines()[-1] == "ending"
+
+
+@needs_corpus
 def test_a_call_from_inside_a_call_on_the_same_thread_is_refused_not_a_hang():
     """A callback, or the body of a loop over transcribe_many, that calls the executor again would
     wait for the call it is inside of for ever: it is an ExecutorStateError, and the executor goes

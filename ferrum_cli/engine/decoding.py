@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -184,6 +185,13 @@ class StaticCacheInference:
     def cleanup_caching(self) -> None:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
         self.half_features = None
+
+
+PROCESS_ENDING = threading.Event()  # set at exit: a decoding loop stops at its next token (service._stop_at_exit)
+
+
+class ProcessEnding(Exception):
+    """The process is ending: a decoding in hand is dropped rather than finished."""
 
 
 FOLD_ROWS = 16  # query rows per product of a fold: one shape for any batch (see _folded)
@@ -544,6 +552,8 @@ class FerrumDecodingTask(DecodingTask):
         no_speech_probs: list[float] = []
         try:
             for i in range(self.sample_len):
+                if PROCESS_ENDING.is_set():
+                    raise ProcessEnding
                 logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
                 if self.options.temperature == 0:
                     next_tokens = logits.argmax(dim=-1)

@@ -27,4 +27,5 @@ def derive_ahead(model, name: str, make: Callable[[], T]) -> None:
     encoded, where a cold start waited for them after."""
     kept = model.__dict__.setdefault("_ferrum_derived", {})
     if name not in kept:
-        kept[name] = Background(make, f"ferrum-{name}")
+        # not a daemon: a process that ended while torch packed aborted in its teardown (exit 134)
+        kept[name] = Background(make, f"ferrum-{name}", daemon=False)

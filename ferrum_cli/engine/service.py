@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..audio.ffmpeg import stop_decoders
 from ..errors import FerrumError, ServiceError, out_of_memory
 from ..options import TranscribeOptions
 from ..post import PostProcess
 from ..results import Segment, Transcription
 from .batched import BatchedEngine
+from .decoding import PROCESS_ENDING
 from .interface import Engine, EngineEvents, SourceRequest
 from .sequential import SequentialEngine
 
 log = logging.getLogger("ferrum.engine")
+EXIT_GRACE_SECONDS = 10.0  # how long a process that ends waits for an engine to finish its batch
+_services: weakref.WeakSet[EngineService] = weakref.WeakSet()  # stopped at exit, see _stop_at_exit
 
 
 @dataclass(eq=False)
@@ -136,8 +141,10 @@ class EngineService:
         self.failed: ServiceError | None = None  # set when the thread could not go on
         self.on_fatal: Callable[[ServiceError], None] | None = None  # then, once, on the engine's thread
         self.on_closed: Callable[[], None] | None = None  # after close() has stopped the thread
+        self._abandoned = False  # the process is ending: stop after the batch in hand
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
         self._thread.start()
+        _services.add(self)
 
     def submit(self, ticket: Ticket) -> Ticket:
         with self._wake:
@@ -176,6 +183,16 @@ class EngineService:
             self.on_closed()
         return True
 
+    def abandon(self, timeout: float) -> None:
+        """Stop whatever is still submitted, once the step in hand ends (decoding.PROCESS_ENDING
+        ends a decoding at its next token), and the decoders the engine started, so that a read
+        waiting on one ends too."""
+        with self._wake:
+            self._abandoned = True
+            self._wake.notify()
+        stop_decoders({self._thread.ident})
+        self._thread.join(timeout)
+
     @property
     def thread_id(self) -> int | None:
         """The engine's thread (threading.get_ident's number)."""
@@ -208,9 +225,11 @@ class EngineService:
         while True:
             with self._wake:
                 while not (self._submitted or self._cancelled or self._runnable()):
-                    if self._stopping and not self._busy():
+                    if self._abandoned or (self._stopping and not self._busy()):
                         return
                     self._wake.wait()
+                if self._abandoned:
+                    return
                 self._take_cancelled()
                 self._take_submitted()
                 busy = self._runnable()
@@ -304,6 +323,8 @@ class EngineService:
         try:
             finished = engine.step()
         except Exception as exc:  # a fault of the engine, not of one input: its inputs fail, the others go on
+            if self._abandoned:  # the process is ending (ProcessEnding, a decoder stopped): nothing to say
+                return True
             log.error("engine failed: %s: %s", type(exc).__name__, exc)
             log.debug("engine failure", exc_info=True)
             with self._wake:
@@ -323,3 +344,17 @@ class EngineService:
                 self.on_result(result)
             ticket.finish(result, stage_on_this_thread=self.in_order)
         return bool(engine.last_batch or finished)
+
+
+def _stop_at_exit() -> None:
+    """A process that ends while an engine works (a caller's daemon thread inside transcribe)
+    stops it first, at its decoding's next token: torch, torn down under a thread in one of its
+    ops, aborted the process ("terminate called without an active exception", exit 134)."""
+    PROCESS_ENDING.set()
+    for service in list(_services):
+        service.abandon(EXIT_GRACE_SECONDS)
+
+
+# before the VAD's thread pool is shut down (concurrent.futures' own hook, registered earlier,
+# runs after ours), which an engine in its batch may still wait on; atexit's hooks run too late
+threading._register_atexit(_stop_at_exit)  # type: ignore[attr-defined]

@@ -85,12 +85,12 @@ def half_products_available() -> bool:
 
 
 class Background:
-    """work() on a daemon thread from now; result() waits for it and returns its value, or raises
-    its exception on the caller's thread."""
+    """work() on a thread from now; result() waits for it and returns its value, or raises its
+    exception on the caller's thread. daemon False: a process that ends waits for it."""
 
-    def __init__(self, work: Callable[[], T], name: str) -> None:
+    def __init__(self, work: Callable[[], T], name: str, daemon: bool = True) -> None:
         self._outcome: dict = {}
-        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=daemon)
         self._thread.start()
 
     def _run(self, work: Callable[[], T]) -> None:
