@@ -111,7 +111,7 @@ class TranscribeOptions:
             object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
         if isinstance(self.temperature, numbers.Real):
             object.__setattr__(self, "temperature", (self.temperature,))
-        for name in ("temperature", "languages", "speaker_names"):
+        for name in ("temperature", "languages", "speaker_names", "known_speakers"):
             value = getattr(self, name)
             if isinstance(value, str):
                 value = [part.strip() for part in value.split(",") if part.strip()]
@@ -122,8 +122,6 @@ class TranscribeOptions:
         elif isinstance(self.known_speakers, dict):  # {"Ann": sample bytes}
             pairs = tuple(KnownSpeaker(name, sample) for name, sample in self.known_speakers.items())
             object.__setattr__(self, "known_speakers", pairs)
-        elif isinstance(self.known_speakers, list):
-            object.__setattr__(self, "known_speakers", tuple(self.known_speakers))
         if isinstance(self.vad_options, dict):
             try:
                 object.__setattr__(self, "vad_options", VadOptions(**self.vad_options))
@@ -208,8 +206,10 @@ class TranscribeOptions:
             if not isinstance(known.name, str):
                 raise UsageError(f"a known speaker's name must be text, not {type(known.name).__name__}")
             if not isinstance(known.reference, (bytes, bytearray)):
-                given = type(known.reference).__name__
-                raise UsageError(f"a known speaker's sample is its audio's bytes (Path(...).read_bytes()), not {given}")
+                sample = type(known.reference).__name__
+                raise UsageError(
+                    f"a known speaker's sample is its audio's bytes (Path(...).read_bytes()), not {sample}"
+                )
         names = [*self.speaker_names, *(known.name for known in self.known_speakers)]
         if any(not name.strip() for name in names):
             raise UsageError("a speaker name is empty")
