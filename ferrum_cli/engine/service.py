@@ -24,7 +24,7 @@ from .interface import Engine, EngineEvents, SourceRequest
 from .sequential import SequentialEngine
 
 log = logging.getLogger("ferrum.engine")
-EXIT_GRACE_SECONDS = 10.0  # how long a process that ends waits for an engine to finish its batch
+EXIT_GRACE_SECONDS = 10.0  # how long a process that ends waits for an engine to finish its step
 _services: weakref.WeakSet[EngineService] = weakref.WeakSet()  # stopped at exit, see _stop_at_exit
 
 
@@ -141,7 +141,7 @@ class EngineService:
         self.failed: ServiceError | None = None  # set when the thread could not go on
         self.on_fatal: Callable[[ServiceError], None] | None = None  # then, once, on the engine's thread
         self.on_closed: Callable[[], None] | None = None  # after close() has stopped the thread
-        self._abandoned = False  # the process is ending: stop after the batch in hand
+        self._abandoned = False  # the process is ending: stop after the step in hand
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
         self._thread.start()
         _services.add(self)
