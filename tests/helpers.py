@@ -125,8 +125,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wav_bytes(samples, sample_rate: int = 16000) -> bytes:
-    """16-bit mono WAV of float samples, for audio a test builds."""
+def wav_bytes(samples, sample_rate: int = 16000, channels: int = 1) -> bytes:
+    """16-bit WAV of float samples, for audio a test builds; each channel the same."""
     import io
     import wave
 
@@ -134,8 +134,9 @@ def wav_bytes(samples, sample_rate: int = 16000) -> bytes:
 
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(sample_rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+        w.setnchannels(channels), w.setsampwidth(2), w.setframerate(sample_rate)
+        frames = np.repeat(np.clip(samples, -1, 1)[:, None], channels, axis=1)
+        w.writeframes((frames * 32767).astype(np.int16).tobytes())
     return buffer.getvalue()
 
 

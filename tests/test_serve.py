@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import signal
@@ -11,7 +10,6 @@ import socket
 import subprocess
 import threading
 import time
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -229,12 +227,8 @@ def test_known_speakers_are_named_where_their_voice_is_heard(server, client):
     speakers = [s.speaker for s in named.segments]
     assert speakers[0] == "Carol" and set(speakers) == {"Carol", "Dora"}, speakers
     # a 48 kHz stereo WAV, as recorders write them: its data URL (2.0 MB) is past Starlette's 1 MB for a field
-    jfk_16k = np.clip(decode_file(corpus(JFK)).samples[: 8 * 16000], -1, 1)
-    recorded = io.BytesIO()
-    with wave.open(recorded, "wb") as w:
-        w.setnchannels(2), w.setsampwidth(2), w.setframerate(48000)
-        w.writeframes((np.repeat(jfk_16k, 3)[:, None].repeat(2, axis=1) * 32767).astype("<i2").tobytes())
-    jfk = "data:audio/wav;base64," + base64.b64encode(recorded.getvalue()).decode()
+    recorded = wav_bytes(np.repeat(decode_file(corpus(JFK)).samples[: 8 * 16000], 3), 48000, channels=2)
+    jfk = "data:audio/wav;base64," + base64.b64encode(recorded).decode()
     assert len(jfk) > 2_000_000
     with open(two, "rb") as fh:
         unnamed = client.audio.transcriptions.create(
