@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 AudioSource = Union[str, os.PathLike, bytes, Callable[[], bytes], BinaryIO, "np.ndarray", "torch.Tensor", AudioStream]
 LOOK_AHEAD = 2  # batches' worth of inputs submitted ahead of the one being read: short ones share a batch
-STOP_GRACE_SECONDS = 2.0  # how long a call left early waits for the engine before it stops the decoders
+STOP_GRACE_SECONDS = 2.0  # how long a call left early waits for the engine before it stops its own decoders
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ class WhisperModelExecutor:
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:  # fmt: skip
         """items through a service of their own that reads them one after another; what its
         thread tells is passed to the callbacks here, and the results are handed back in order.
-        Leaving early (an error, Ctrl-C) cancels what is left and waits for the batch in hand."""
+        Leaving early (an error, Ctrl-C) cancels what is left and stops the batch in hand."""
         from .engine.service import EngineService
 
         told: queue.SimpleQueue = queue.SimpleQueue()  # (callback, key, value) from the engine's thread
@@ -277,10 +277,11 @@ class WhisperModelExecutor:
         finally:
             for _, _, ticket in waiting:
                 service.cancel(ticket)
-            if waiting and not service.close(STOP_GRACE_SECONDS):
-                # left early while the engine still reads: it may wait on audio that has not ended
-                # (a pipe whose writer goes on, a URL's stream), which no signal reaches
-                stop_decoders({service.thread_id, threading.get_ident()})
+            # left early: nothing of the batch in hand is wanted, so it stops at its next token. The
+            # engine may also wait on audio that has not ended, from a decoder this thread started (a
+            # pipe whose writer goes on, a URL's stream), which no signal reaches
+            if waiting and not service.abandon(STOP_GRACE_SECONDS):
+                stop_decoders({threading.get_ident()})
             service.close()
 
     def serve(self, share_batches: bool = True, on_batch=None):

@@ -187,11 +187,26 @@ class StaticCacheInference:
         self.half_features = None
 
 
-PROCESS_ENDING = threading.Event()  # set at exit: a decoding loop stops at its next token (service._stop_at_exit)
+PROCESS_ENDING = threading.Event()  # set at exit: every decoding loop stops at its next token (service._stop_at_exit)
+_stopped_threads: set[int] = set()  # engine threads whose caller left early: their decodings stop at the next token
 
 
-class ProcessEnding(Exception):
-    """The process is ending: a decoding in hand is dropped rather than finished."""
+class DecodingStopped(Exception):
+    """The process is ending, or the caller left: a decoding in hand is dropped rather than finished."""
+
+
+def stop_decoding_on(thread_id: int) -> None:
+    """Decodings on that thread stop at their next token (DecodingStopped), until resume_decoding_on."""
+    _stopped_threads.add(thread_id)
+
+
+def resume_decoding_on(thread_id: int) -> None:
+    _stopped_threads.discard(thread_id)
+
+
+def _check_stopped() -> None:
+    if PROCESS_ENDING.is_set() or threading.get_ident() in _stopped_threads:
+        raise DecodingStopped
 
 
 FOLD_ROWS = 16  # query rows per product of a fold: one shape for any batch (see _folded)
@@ -522,6 +537,7 @@ class FerrumDecodingTask(DecodingTask):
         no_speech_probs: list[float] = []
         try:
             for i in range(self.sample_len):
+                _check_stopped()
                 logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
                 tokens, completed = self.decoder.update(tokens, logits, sum_logprobs)
                 if completed or tokens.shape[-1] > self.n_ctx:
@@ -552,8 +568,7 @@ class FerrumDecodingTask(DecodingTask):
         no_speech_probs: list[float] = []
         try:
             for i in range(self.sample_len):
-                if PROCESS_ENDING.is_set():
-                    raise ProcessEnding
+                _check_stopped()
                 logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
                 if self.options.temperature == 0:
                     next_tokens = logits.argmax(dim=-1)

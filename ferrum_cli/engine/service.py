@@ -19,7 +19,7 @@ from ..options import TranscribeOptions
 from ..post import PostProcess
 from ..results import Segment, Transcription
 from .batched import BatchedEngine
-from .decoding import PROCESS_ENDING
+from .decoding import PROCESS_ENDING, resume_decoding_on, stop_decoding_on
 from .interface import Engine, EngineEvents, SourceRequest
 from .sequential import SequentialEngine
 
@@ -141,7 +141,7 @@ class EngineService:
         self.failed: ServiceError | None = None  # set when the thread could not go on
         self.on_fatal: Callable[[ServiceError], None] | None = None  # then, once, on the engine's thread
         self.on_closed: Callable[[], None] | None = None  # after close() has stopped the thread
-        self._abandoned = False  # the process is ending: stop after the step in hand
+        self._abandoned = False  # the process ends, or the caller left: stop at the decoding's next token
         self._thread = threading.Thread(target=self._loop, name="ferrum-engine", daemon=True)
         self._thread.start()
         _services.add(self)
@@ -183,15 +183,19 @@ class EngineService:
             self.on_closed()
         return True
 
-    def abandon(self, timeout: float) -> None:
-        """Stop whatever is still submitted, once the step in hand ends (decoding.PROCESS_ENDING
-        ends a decoding at its next token), and the decoders the engine started, so that a read
-        waiting on one ends too."""
+    def abandon(self, timeout: float) -> bool:
+        """Drop whatever is still submitted: the decoding in hand stops at its next token, and the
+        decoders the engine started stop, so that a read waiting on one ends too. For a process
+        that ends, or a caller that leaves its own service early (Ctrl-C). Whether the thread
+        stopped within timeout."""
         with self._wake:
             self._abandoned = True
+            if self._thread.ident is not None:
+                stop_decoding_on(self._thread.ident)
             self._wake.notify()
         stop_decoders({self._thread.ident})
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     @property
     def thread_id(self) -> int | None:
@@ -207,6 +211,8 @@ class EngineService:
             log.error("the engine stopped: %s: %s", type(exc).__name__, exc)
             log.debug("engine stopped", exc_info=True)
             self._fail_all(out_of_memory(exc) or ServiceError(f"the engine stopped: {type(exc).__name__}"))
+        finally:
+            resume_decoding_on(threading.get_ident())  # a later thread may be given the same number
 
     def _fail_all(self, error: ServiceError) -> None:
         with self._wake:
@@ -323,7 +329,7 @@ class EngineService:
         try:
             finished = engine.step()
         except Exception as exc:  # a fault of the engine, not of one input: its inputs fail, the others go on
-            if self._abandoned:  # the process is ending (ProcessEnding, a decoder stopped): nothing to say
+            if self._abandoned:  # abandoned (DecodingStopped, a decoder stopped): nothing to say
                 return True
             log.error("engine failed: %s: %s", type(exc).__name__, exc)
             log.debug("engine failure", exc_info=True)
