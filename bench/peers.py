@@ -2,6 +2,7 @@
 
     python bench/peers.py openai  --model base.pt  --language en [--device cuda] [--word-timestamps] a.wav
     python bench/peers.py faster  --model ct2_dir  --language en [--batch 8] a.wav
+    ... [--beam 5]: beam search (greedy by default)
 
 Seconds count transcription only, not the model load, as ../shared/bench/asr_eval.py does.
 """
@@ -39,7 +40,11 @@ def run_openai(args) -> tuple[dict, float, float]:
     texts, segments = {}, {}
     for path in args.files:
         result = model.transcribe(
-            path, language=args.language, fp16=args.device != "cpu", word_timestamps=args.word_timestamps
+            path,
+            language=args.language,
+            fp16=args.device != "cpu",
+            word_timestamps=args.word_timestamps,
+            beam_size=args.beam if args.beam > 1 else None,
         )
         texts[path] = result["text"]
         segments[path] = [[s["start"], s["end"], s["text"]] for s in result["segments"]]
@@ -57,7 +62,7 @@ def run_faster(args) -> tuple[dict, float, float]:
     extra = {"batch_size": args.batch} if args.batch else {}
     texts, segments = {}, {}
     for path in args.files:
-        found, _ = engine.transcribe(path, beam_size=1, language=args.language, **extra)
+        found, _ = engine.transcribe(path, beam_size=args.beam, language=args.language, **extra)
         segments[path] = [[s.start, s.end, s.text] for s in found]
         texts[path] = "".join(text for _, _, text in segments[path])
     return texts, segments, loaded - t0, time.perf_counter() - loaded
@@ -69,6 +74,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--language")
     parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--word-timestamps", action="store_true", help="openai: word_timestamps=True")
     parser.add_argument("files", nargs="+")

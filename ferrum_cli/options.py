@@ -131,8 +131,8 @@ class TranscribeOptions:
 
     @property
     def runs_sequentially(self) -> bool:
-        """Beam search exists only in openai-whisper's sequential algorithm."""
-        return self.sequential or (self.beam_size or 1) > 1
+        """openai-whisper's own loop, asked for by name."""
+        return self.sequential
 
     def check(self, named: Callable[[str], str] = str) -> None:
         """Every option in its range, once, for every caller (the CLI, the server, a library user):

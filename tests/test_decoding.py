@@ -148,6 +148,32 @@ def test_best_of_n_sampling_decodes_each_window_of_a_batch(executor):
     assert short.temperature == whole.temperature == 0.4
 
 
+@needs_corpus
+@pytest.mark.parametrize("patience", [1.0, 0.5])
+def test_beam_search_reads_a_batch_of_windows_as_openai_whisper_reads_each_alone(executor, patience):
+    """Beam search in the batched engine: the beams of several windows share each step, a window
+    whose candidates are found leaves the batch (the 3 s one first), and each window's text is
+    openai-whisper's own beam search's on that window alone. With patience under 1 a window is done
+    before all its beams are: kept in the batch, they grew on, and the 3 s window's text became
+    "And so, my fellow Americans! ... ... ..." where alone it is "And so, my fellow Americans!"."""
+    from whisper.decoding import DecodingOptions
+
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.encoder import encode_windows
+
+    model = executor._model
+    jfk, other = decode_file(corpus(JFK)).samples, decode_file(corpus("en_ljspeech_LJ001-0001.flac")).samples
+    features = encode_windows(model, [jfk[: 3 * SAMPLE_RATE], jfk, other], "float32")
+    options = DecodingOptions(language="en", beam_size=3, patience=patience, fp16=False)
+    batched = model.decode(features, options, fast_cache_dtype=torch.float32)
+    for row, ours in enumerate(batched):
+        theirs = model.decode(features[row], options)  # openai-whisper's loop, its kv-cache hooks, alone
+        assert ours.text == theirs.text, row
+        assert ours.avg_logprob == pytest.approx(theirs.avg_logprob, abs=1e-3)
+    assert "country" not in batched[0].text.lower() and "ask not what your country" in batched[1].text.lower()
+
+
 x86_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm's float16-weight products are x86's"
 )

@@ -400,7 +400,7 @@ def transcribe(
         jobs.append(call(microphone, mic, "mic"))
         live = True
     if live:
-        _check_live(jobs, vad, sequential or (beam_size or 1) > 1, min_speakers)
+        _check_live(jobs, vad, sequential, min_speakers)
     if workers is not None and cluster is None:
         fail(UsageError("--workers needs --cluster"))
     if skip_existing and output_dir is None:
@@ -518,7 +518,7 @@ def _check_live(jobs, vad: bool, sequential: bool, min_speakers: int | None) -> 
     if not vad:
         fail(UsageError("--live needs the VAD: it cuts the stream at pauses"))
     if sequential:
-        fail(UsageError("--live runs in the batched engine: drop --sequential and --beam-size"))
+        fail(UsageError("--live runs in the batched engine: drop --sequential"))
     if min_speakers is not None:
         fail(UsageError("--min-speakers does not run with --live: speakers are labelled as they are heard"))
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Categorical
 from whisper.decoding import (
+    BeamSearchDecoder,
     DecodingOptions,
     DecodingResult,
     DecodingTask,
@@ -52,8 +53,8 @@ class PositionalInference(PyTorchInference):
 
 
 class StaticCacheInference:
-    """Greedy decoding state in preallocated tensors: self-attention keys and values for every
-    position, and the audio features once for cross-attention.
+    """Decoding state in preallocated tensors: self-attention keys and values for every position,
+    and the audio features once for cross-attention.
 
     Cross-attention keys are features @ Wk.T, so a head's scores are (Wk_h.T q_h) @ features.T;
     values come out as (softmax @ features) @ Wv_h.T + b_h. Folding the projections into the
@@ -67,6 +68,9 @@ class StaticCacheInference:
     dtype where those products do not apply. The vocabulary projection is in cache_dtype where it
     is not on HalfWeightProducts, while the decoder's own layers run in the model's dtype:
     bfloat16 there changed words.
+
+    Beam search's beams (`group` rows a window, one after another) share their window's features:
+    each window's are read once a step for all its beams' queries.
     """
 
     def __init__(
@@ -76,10 +80,13 @@ class StaticCacheInference:
         sot_index: int,
         cache_dtype: torch.dtype,
         max_length: int | None = None,
+        group: int = 1,
     ) -> None:
         """max_length: the most positions a sequence will take (initial tokens and samples);
-        the caches hold that many, not the decoder's 448, which halves them for one window."""
+        the caches hold that many, not the decoder's 448, which halves them for one window.
+        group: rows a window (beam search's beams), whose features come repeated that often."""
         self.decoder = model.decoder
+        self.group = group
         self.max_length = max_length
         self.dtype = next(model.decoder.parameters()).dtype
         self.cache_dtype = cache_dtype
@@ -100,6 +107,8 @@ class StaticCacheInference:
         decoder = self.decoder
         n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
         n_ctx = min(n_ctx, self.max_length or n_ctx)
+        if self.group > 1:  # one row a window
+            audio_features = audio_features[:: self.group].contiguous()
         n_head = decoder.blocks[0].attn.n_head
         width = decoder.token_embedding.weight.shape[1]
         self.half_weights = _half_weight_products(self.model)
@@ -122,7 +131,7 @@ class StaticCacheInference:
         n_batch, n_tokens = q.shape[:2]
         n_head = key.shape[0]
         folded = _folded(self._heads(q, n_head), key)  # [batch, head, tokens, width]
-        folded = folded.reshape(n_batch, n_head * n_tokens, -1)
+        folded = folded.reshape(n_batch // self.group, self.group * n_head * n_tokens, -1)  # by window
         if self.half_features is not None:
             mixed = torch.stack([row.attend(queries) for row, queries in zip(self.half_features, folded)])
         else:
@@ -169,18 +178,32 @@ class StaticCacheInference:
 
     def keep_rows(self, rows: Tensor) -> None:
         """The rows that go on move up in place over those that ended, and of the self-attention
-        caches only the positions filled so far: new buffers from indexing page-fault in afresh."""
+        caches only the positions filled so far: new buffers from indexing page-fault in afresh.
+        Beam search's beams leave with their window, all together."""
         kept = rows.nonzero().flatten().tolist()
+        windows = rows[:: self.group]  # a window's features, kept with its first beam
+        kept_windows = windows.nonzero().flatten().tolist()
         if self.half_features is not None:
-            self.half_features = [self.half_features[row] for row in kept]
+            self.half_features = [self.half_features[window] for window in kept_windows]
         elif not self.owns_features:  # the caller's tensor: copied once, then ours
-            self.features, self.owns_features = self.features[rows], True
+            self.features, self.owns_features = self.features[windows], True
         else:
-            _move_up(self.features, kept, 0)
-            self.features = self.features[: len(kept)]
+            _move_up(self.features, kept_windows, 0)
+            self.features = self.features[: len(kept_windows)]
         for cache in (self.self_k, self.self_v):
             _move_up(cache[:, :, :, : self.length], kept, 1)
         self.self_k, self.self_v = self.self_k[:, : len(kept)], self.self_v[:, : len(kept)]
+
+    def rearrange_kv_cache(self, source_indices: list[int]) -> None:
+        """Beam search: each row goes on from the row it names (a beam of its own window, so the
+        features stay as they are). Only the rows that change are copied."""
+        moved = [row for row, source in enumerate(source_indices) if source != row]
+        if moved:
+            device = self.self_k.device
+            targets = torch.tensor(moved, device=device)
+            sources = torch.tensor([source_indices[row] for row in moved], device=device)
+            for cache in (self.self_k, self.self_v):
+                cache[:, targets, :, : self.length] = cache[:, sources, :, : self.length]
 
     def cleanup_caching(self) -> None:
         self.features, self.self_k, self.self_v, self.length = None, None, None, 0
@@ -504,13 +527,15 @@ class FerrumDecodingTask(DecodingTask):
         mel = mel.to(dtype)
         encoded = mel.shape[-2:] == (self.model.dims.n_audio_ctx, self.model.dims.n_audio_state)
         features = mel if encoded else self.model.encoder(mel)
-        if self.n_group > 1 and isinstance(self.decoder, GreedyDecoder):
+        if self.n_group > 1 and (isinstance(self.decoder, GreedyDecoder) or self.fast_cache_dtype is not None):
             features = features.repeat_interleave(self.n_group, dim=0)
         return features
 
     def _main_loop(self, audio_features: Tensor, tokens: Tensor):
         if isinstance(self.decoder, GreedyDecoder):
             return self._greedy_loop(audio_features, tokens)
+        if self.fast_cache_dtype is not None and isinstance(self.decoder, BeamSearchDecoder):
+            return self._beam_loop(audio_features, tokens)
         return self._general_loop(audio_features, tokens)
 
     def _no_speech_probs(self, first_logits: Tensor) -> list[float]:
@@ -531,6 +556,55 @@ class FerrumDecodingTask(DecodingTask):
             logit_filter.apply(logits, tokens)
         return logits, no_speech_probs
 
+    def _beam_loop(self, audio_features: Tensor, tokens: Tensor):
+        """openai-whisper's beam search over a batch of windows, each with its beams one after
+        another. A window leaves the batch once its candidates are all found, as a greedy row does
+        at its end, with its beams as they are then: what openai-whisper's loop gives it alone.
+        That loop went on computing the beams of a batch's windows that were done, for as long as
+        any had candidates to find, and where patience is under 1 finalize() took their unfinished
+        beams as they had grown meanwhile: a window's text depended on its batch."""
+        decoder, group = self.decoder, self.n_group
+        self.inference = self._static_cache_inference(group=group)
+        decoder.inference = self.inference
+        n_windows = tokens.shape[0] // group
+        finished: list[dict] = [{} for _ in range(n_windows)]  # each window's, filled by decoder.update
+        done_tokens: dict[int, Tensor] = {}  # [group, positions]: a window's beams when it left
+        done_logprobs: dict[int, Tensor] = {}
+        windows = list(range(n_windows))  # those still in the batch, in row order
+        sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
+        no_speech_probs: list[float] = []
+        try:
+            for i in range(self.sample_len):
+                _check_stopped()
+                logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
+                decoder.finished_sequences = [finished[window] for window in windows]
+                tokens, completed = decoder.update(tokens, logits, sum_logprobs)
+                if completed or tokens.shape[-1] > self.n_ctx:
+                    break
+                done = [len(finished[window]) >= decoder.max_candidates for window in windows]
+                if any(done):
+                    for k, window in enumerate(windows):
+                        if done[k]:
+                            done_tokens[window] = tokens[k * group : (k + 1) * group]
+                            done_logprobs[window] = sum_logprobs[k * group : (k + 1) * group]
+                    rows = torch.tensor([not d for d in done]).repeat_interleave(group)
+                    tokens, sum_logprobs = tokens[rows], sum_logprobs[rows]
+                    self.inference.keep_rows(rows)
+                    if self.continuation is not None:
+                        self.continuation.keep_rows(rows)
+                    windows = [window for window, d in zip(windows, done) if not d]
+        finally:
+            self.inference.cleanup_caching()
+        for k, window in enumerate(windows):
+            done_tokens[window] = tokens[k * group : (k + 1) * group]
+            done_logprobs[window] = sum_logprobs[k * group : (k + 1) * group]
+        decoder.finished_sequences = finished
+        length = max(t.shape[-1] for t in done_tokens.values())
+        every = torch.full((n_windows * group, length), self.tokenizer.eot, dtype=tokens.dtype, device=tokens.device)
+        for window, beams in done_tokens.items():  # a window that left early is read from `finished`
+            every[window * group : (window + 1) * group, : beams.shape[-1]] = beams
+        return every, torch.cat([done_logprobs[window] for window in range(n_windows)]), no_speech_probs
+
     def _general_loop(self, audio_features: Tensor, tokens: Tensor):
         """openai-whisper's loop (beam search, sampling), with positional logits."""
         sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
@@ -546,16 +620,20 @@ class FerrumDecodingTask(DecodingTask):
             self.inference.cleanup_caching()
         return tokens, sum_logprobs, no_speech_probs
 
+    def _static_cache_inference(self, group: int = 1) -> StaticCacheInference:
+        return StaticCacheInference(
+            self.model,
+            len(self.initial_tokens),
+            self.sot_index,
+            self.fast_cache_dtype,
+            max_length=len(self.initial_tokens) + self.sample_len,  # one position per call of the loop
+            group=group,
+        )
+
     def _greedy_loop(self, audio_features: Tensor, tokens: Tensor):
         """Greedy decoding, or sampling at a temperature, where finished sequences leave the batch."""
         if self.fast_cache_dtype is not None:
-            self.inference = StaticCacheInference(
-                self.model,
-                len(self.initial_tokens),
-                self.sot_index,
-                self.fast_cache_dtype,
-                max_length=len(self.initial_tokens) + self.sample_len,  # one position per call of the loop
-            )
+            self.inference = self._static_cache_inference()
         eot = self.tokenizer.eot
         n_batch = tokens.shape[0]
         device = audio_features.device

@@ -2,7 +2,7 @@
 once it is done, and what happens meanwhile told through the events given at construction.
 
 Two engines implement it: the batched engine (batched.py, the default) and openai-whisper's
-sequential loop (sequential.py: beam search, best_of sampling, --sequential). The engine
+sequential loop (sequential.py: --sequential). The engine
 service (service.py) is the one driver of both, for the CLI, the server and the cluster's workers.
 """
 

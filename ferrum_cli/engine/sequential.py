@@ -1,6 +1,6 @@
 """The sequential engine: openai-whisper's own transcribe() loop, exactly, on our model. It
-serves beam search, sampling with best_of, and `--sequential`; it reads each input whole and
-decodes one input a step.
+serves `--sequential` (with any decoding: greedy, best_of, beam search); it reads each input
+whole and decodes one input a step.
 """
 
 from __future__ import annotations

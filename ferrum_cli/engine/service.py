@@ -97,8 +97,8 @@ def engine_key(options: TranscribeOptions) -> TranscribeOptions:
 
 
 def start_engine(model, options: TranscribeOptions, events: EngineEvents, in_order: bool) -> Engine:
-    """The one place an engine is chosen: openai-whisper's sequential loop where only it has the
-    algorithm (beam search, best_of) or it is asked for, else the batched engine."""
+    """The one place an engine is chosen: openai-whisper's sequential loop where it is asked for,
+    else the batched engine (greedy, best-of-n sampling and beam search alike)."""
     if options.runs_sequentially:
         return SequentialEngine(model, options, events)
     return BatchedEngine(model, options, events, in_order)
