@@ -217,7 +217,7 @@ class WhisperModelExecutor:
 
     def transcribe_many(
         self,
-        items: Iterable[tuple[object, AudioSource]],
+        items: Iterable[tuple[object, AudioSource] | AudioSource],
         options: TranscribeOptions | None = None,
         on_segment: Callable[[object, Segment], None] | None = None,
         on_progress: Callable[[object, float], None] | None = None,
@@ -225,7 +225,9 @@ class WhisperModelExecutor:
         on_step: Callable[[object, str], None] | None = None,
     ) -> Iterator[tuple[object, Transcription | FerrumError]]:
         """(key, result or error) for each (key, source) of items, in order: a path, bytes, a
-        callable giving bytes, float32 samples at 16 kHz, or an AudioStream.
+        callable giving bytes, float32 samples at 16 kHz, or an AudioStream. An item that is not a
+        pair is a source alone, its own key. Where items itself raises, the inputs it gave before
+        are handed back first, then its error is raised.
 
         The inputs go through one EngineService, as the server's requests do: windows of several
         inputs share batches, an input that fails comes back as its error and the rest go on. A
@@ -257,12 +259,23 @@ class WhisperModelExecutor:
         waiting: deque[tuple[int, object, Ticket]] = deque()  # submitted, not yet handed back, in order
         results: dict[int, Transcription | FerrumError] = {}
         numbered = enumerate(items)
+        items_failed: Exception | None = None  # raised by the caller's items: raised once those before are back
         try:
             while True:
-                while len(waiting) < LOOK_AHEAD * options.batch_size and (item := next(numbered, None)):
-                    number, (key, source) = item
+                while len(waiting) < LOOK_AHEAD * options.batch_size and items_failed is None:
+                    try:
+                        item = next(numbered, None)
+                    except Exception as exc:
+                        items_failed = exc
+                        break
+                    if item is None:
+                        break
+                    number, entry = item
+                    key, source = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, entry)
                     waiting.append((number, key, service.submit(callbacks.ticket(number, key, source, options, told))))
                 if not waiting:
+                    if items_failed is not None:
+                        raise items_failed
                     return
                 callback, key, value = told.get()
                 if callback is None:  # key: the input's number

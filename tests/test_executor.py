@@ -354,6 +354,30 @@ def test_many_inputs_each_get_their_own_text_in_their_place(executor, tmp_path):
             assert sum(w in got for w in expected) >= 0.5 * len(expected), (key, result.text)  # not another input's
 
 
+@needs_corpus
+def test_many_inputs_may_be_sources_alone_and_a_failing_iterable_keeps_what_came_before(executor):
+    """`transcribe_many(paths)`: a source that is not a (key, source) pair is its own key (it was
+    `ValueError: too many values to unpack`). Items that raise part way (a generator over a
+    folder whose disk goes away) hand back the inputs they gave, then raise: those were lost."""
+    clip = str(corpus(JFK))
+    options = TranscribeOptions(language="en")
+    results = list(executor.transcribe_many([clip, ("named", clip), 5], options))
+    assert [key for key, _ in results] == [clip, "named", 5]
+    assert all("ask not what your country" in words(r.text) for _, r in results[:2])
+    assert isinstance(results[2][1], InputError)
+
+    def listing():
+        yield "first", clip
+        yield "second", clip
+        raise OSError("the disk went away")
+
+    handed_back = []
+    with pytest.raises(OSError, match="the disk went away"):
+        for key, result in executor.transcribe_many(listing(), options):
+            handed_back.append((key, "ask not what your country" in words(result.text)))
+    assert handed_back == [("first", True), ("second", True)]
+
+
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
     from ferrum_cli.audio.vad import speech_regions, speech_regions_and_core_many
     from ferrum_cli.options import VadOptions
