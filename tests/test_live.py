@@ -187,6 +187,18 @@ def test_live_refuses_files_and_what_it_cannot_do():
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_live_stdin_with_nothing_or_no_audio_on_it_says_so():
+    """ffmpeg, reading the pipe itself, says the same of both: "Error opening input files:
+    Invalid data found when processing input" was all the user read."""
+    for stdin in (b"", b"hello"):
+        proc = run_ferrum("transcribe", "-", "--live", "-m", "tiny.en", "-q", stdin=stdin)
+        assert proc.returncode == 1
+        assert proc.stderr == (
+            "error: <stdin>: not audio or video that ffmpeg reads, or nothing came"
+            " (Invalid data found when processing input)\n"
+        )
+
+
 def rss_over_time(cmd: list[str], stdin: Path) -> list[int]:
     """The resident memory (KiB) of a process, read from /proc twice a second until it exits."""
     samples = []

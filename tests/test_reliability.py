@@ -67,8 +67,8 @@ def bad_inputs(tmp_path_factory) -> dict[str, Path]:
     "key, reason",
     [
         ("empty", "empty file"),
-        ("text", "Invalid data"),
-        ("random", "Invalid data"),
+        ("text", "not audio or video that ffmpeg reads (Invalid data found when processing input)"),
+        ("random", "not audio or video that ffmpeg reads (Invalid data found when processing input)"),
         ("novideo", "no audio stream"),
     ],
 )

@@ -148,6 +148,9 @@ def _seconds(match: re.Match) -> float:
     return int(match.group(1)) * 3600 + int(match.group(2)) * 60 + float(match.group(3))
 
 
+NOT_MEDIA = "Invalid data found when processing input"  # ffmpeg's words for what no demuxer takes
+
+
 @dataclass
 class FFmpegLog:
     """ffmpeg's stderr at `-v level+info`: its errors, the duration the container declares, and
@@ -200,6 +203,9 @@ class FFmpegLog:
             return "no audio stream"
         if source == "pipe:0" and any(e.endswith("partial file") for e in self.errors):
             return "an mp4 or m4a whose index comes last cannot be read from a pipe: give its file"
+        if any(e.endswith(NOT_MEDIA) for e in self.errors):  # ffmpeg says the same of an empty pipe
+            nothing = ", or nothing came" if source == "pipe:0" else ""
+            return f"not audio or video that ffmpeg reads{nothing} ({NOT_MEDIA})"
         line = self.errors[-1]
         for prefix in (source + ": ", "pipe:0: ", "pipe:: "):
             line = line.removeprefix(prefix)
