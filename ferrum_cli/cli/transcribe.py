@@ -389,6 +389,8 @@ def transcribe(
     output_dir = call(_output_folder, output_dir)
     call(check_compute, compute.value)
     formats = call(parse_formats, output_format, diarize)
+    if output_dir is None and len(formats) > 1:  # one document after another, which no reader parses
+        fail(UsageError(f"stdout takes one format, not {', '.join(formats)}: -o DIR writes each to a file of its own"))
     layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
     _check_subtitle_options(layout, word_timestamps)
     jobs = call(expand, inputs, stdin_name) if mic is not None and inputs else []
