@@ -458,6 +458,55 @@ class SpeechContinuation:
         self.unfinished = self.unfinished[rows]
 
 
+class BatchedBeamSearch(BeamSearchDecoder):
+    """openai-whisper's beam search step, its candidates scored and ranked as tensors.
+
+    Its own update reads every beam's tokens into Python and each of its candidates' scores one
+    `.item()` at a time: with the beams of a batch of windows, a tenth of decoding. Here the
+    prefixes of a window's beams are read only for the candidates that end there. Where two beams
+    of a window hold the same tokens (its first step), its own update runs, which merges them.
+    """
+
+    def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
+        n_rows, beams = tokens.shape[0], self.beam_size
+        n_windows = n_rows // beams
+        grouped = tokens.view(n_windows, beams, -1)
+        if bool((grouped[:, :, None] == grouped[:, None]).all(-1).sum((1, 2)).gt(beams).any()):
+            return super().update(tokens, logits, sum_logprobs)
+        if self.finished_sequences is None:
+            self.finished_sequences = [{} for _ in range(n_windows)]
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        top_logprobs, top_tokens = logprobs.topk(beams + 1)  # [rows, beams + 1], as its update takes them
+        scores = (sum_logprobs[:, None] + top_logprobs).view(n_windows, -1)  # float32 sums, as its .item()s
+        order = scores.sort(dim=-1, descending=True, stable=True).indices  # ties in (beam, rank) order
+        ranked_scores = scores.gather(1, order).tolist()
+        ranked_tokens = top_tokens.view(n_windows, -1).gather(1, order).tolist()
+        ranked_sources = (order // (beams + 1) + torch.arange(n_windows)[:, None] * beams).tolist()
+        sources, next_tokens, finished_sequences = [], [], []
+        for window in range(n_windows):
+            finished, saved = {}, 0
+            for score, token, source in zip(ranked_scores[window], ranked_tokens[window], ranked_sources[window]):
+                if token == self.eot:
+                    finished[tuple(tokens[source].tolist() + [token])] = score
+                else:
+                    sum_logprobs[len(sources)] = score
+                    sources.append(source)
+                    next_tokens.append(token)
+                    saved += 1
+                    if saved == beams:
+                        break
+            finished_sequences.append(finished)
+        tokens = torch.cat([tokens[sources], torch.tensor(next_tokens, dtype=tokens.dtype)[:, None]], dim=-1)
+        self.inference.rearrange_kv_cache(sources)
+        for previously_finished, newly_finished in zip(self.finished_sequences, finished_sequences):
+            for seq in sorted(newly_finished, key=newly_finished.get, reverse=True):
+                if len(previously_finished) >= self.max_candidates:
+                    break
+                previously_finished[seq] = newly_finished[seq]
+        completed = all(len(sequences) >= self.max_candidates for sequences in self.finished_sequences)
+        return tokens, completed
+
+
 @dataclass(frozen=True)
 class DecodedWindow(DecodingResult):
     """openai-whisper's result, with the log probability of each of its tokens as sampled
@@ -563,9 +612,9 @@ class FerrumDecodingTask(DecodingTask):
         That loop went on computing the beams of a batch's windows that were done, for as long as
         any had candidates to find, and where patience is under 1 finalize() took their unfinished
         beams as they had grown meanwhile: a window's text depended on its batch."""
-        decoder, group = self.decoder, self.n_group
+        group = self.n_group
         self.inference = self._static_cache_inference(group=group)
-        decoder.inference = self.inference
+        decoder = self.decoder = BatchedBeamSearch(group, self.tokenizer.eot, self.inference, self.options.patience)
         n_windows = tokens.shape[0] // group
         finished: list[dict] = [{} for _ in range(n_windows)]  # each window's, filled by decoder.update
         done_tokens: dict[int, Tensor] = {}  # [group, positions]: a window's beams when it left
