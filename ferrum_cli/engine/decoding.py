@@ -481,7 +481,8 @@ class BatchedBeamSearch(BeamSearchDecoder):
         order = scores.sort(dim=-1, descending=True, stable=True).indices  # ties in (beam, rank) order
         ranked_scores = scores.gather(1, order).tolist()
         ranked_tokens = top_tokens.view(n_windows, -1).gather(1, order).tolist()
-        ranked_sources = (order // (beams + 1) + torch.arange(n_windows)[:, None] * beams).tolist()
+        first_rows = torch.arange(n_windows, device=order.device)[:, None] * beams
+        ranked_sources = (order // (beams + 1) + first_rows).tolist()
         sources, next_tokens, finished_sequences = [], [], []
         for window in range(n_windows):
             finished, saved = {}, 0
@@ -496,7 +497,8 @@ class BatchedBeamSearch(BeamSearchDecoder):
                     if saved == beams:
                         break
             finished_sequences.append(finished)
-        tokens = torch.cat([tokens[sources], torch.tensor(next_tokens, dtype=tokens.dtype)[:, None]], dim=-1)
+        chosen = torch.tensor(next_tokens, dtype=tokens.dtype, device=tokens.device)
+        tokens = torch.cat([tokens[sources], chosen[:, None]], dim=-1)
         self.inference.rearrange_kv_cache(sources)
         for previously_finished, newly_finished in zip(self.finished_sequences, finished_sequences):
             for seq in sorted(newly_finished, key=newly_finished.get, reverse=True):
@@ -636,7 +638,7 @@ class FerrumDecodingTask(DecodingTask):
                         if done[k]:
                             done_tokens[window] = tokens[k * group : (k + 1) * group]
                             done_logprobs[window] = sum_logprobs[k * group : (k + 1) * group]
-                    rows = torch.tensor([not d for d in done]).repeat_interleave(group)
+                    rows = torch.tensor([not d for d in done], device=tokens.device).repeat_interleave(group)
                     tokens, sum_logprobs = tokens[rows], sum_logprobs[rows]
                     self.inference.keep_rows(rows)
                     if self.continuation is not None:
