@@ -585,9 +585,7 @@ class FerrumDecodingTask(DecodingTask):
     def _main_loop(self, audio_features: Tensor, tokens: Tensor):
         if isinstance(self.decoder, GreedyDecoder):
             return self._greedy_loop(audio_features, tokens)
-        if self.fast_cache_dtype is not None and isinstance(self.decoder, BeamSearchDecoder):
-            return self._beam_loop(audio_features, tokens)
-        return self._general_loop(audio_features, tokens)
+        return self._beam_loop(audio_features, tokens)
 
     def _no_speech_probs(self, first_logits: Tensor) -> list[float]:
         if self.tokenizer.no_speech is None:
@@ -613,10 +611,13 @@ class FerrumDecodingTask(DecodingTask):
         at its end, with its beams as they are then: what openai-whisper's loop gives it alone.
         That loop went on computing the beams of a batch's windows that were done, for as long as
         any had candidates to find, and where patience is under 1 finalize() took their unfinished
-        beams as they had grown meanwhile: a window's text depended on its batch."""
+        beams as they had grown meanwhile: a window's text depended on its batch. openai-whisper's
+        transcribe() (the sequential engine) decodes one window, with its own update and caches."""
         group = self.n_group
-        self.inference = self._static_cache_inference(group=group)
-        decoder = self.decoder = BatchedBeamSearch(group, self.tokenizer.eot, self.inference, self.options.patience)
+        if self.fast_cache_dtype is not None:
+            self.inference = self._static_cache_inference(group=group)
+            self.decoder = BatchedBeamSearch(group, self.tokenizer.eot, self.inference, self.options.patience)
+        decoder = self.decoder
         n_windows = tokens.shape[0] // group
         finished: list[dict] = [{} for _ in range(n_windows)]  # each window's, filled by decoder.update
         done_tokens: dict[int, Tensor] = {}  # [group, positions]: a window's beams when it left
@@ -655,21 +656,6 @@ class FerrumDecodingTask(DecodingTask):
         for window, beams in done_tokens.items():  # a window that left early is read from `finished`
             every[window * group : (window + 1) * group, : beams.shape[-1]] = beams
         return every, torch.cat([done_logprobs[window] for window in range(n_windows)]), no_speech_probs
-
-    def _general_loop(self, audio_features: Tensor, tokens: Tensor):
-        """openai-whisper's loop (beam search, sampling), with positional logits."""
-        sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
-        no_speech_probs: list[float] = []
-        try:
-            for i in range(self.sample_len):
-                _check_stopped()
-                logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
-                tokens, completed = self.decoder.update(tokens, logits, sum_logprobs)
-                if completed or tokens.shape[-1] > self.n_ctx:
-                    break
-        finally:
-            self.inference.cleanup_caching()
-        return tokens, sum_logprobs, no_speech_probs
 
     def _static_cache_inference(self, group: int = 1) -> StaticCacheInference:
         return StaticCacheInference(
