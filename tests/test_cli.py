@@ -316,10 +316,15 @@ def test_bad_option_values_exit_2():
         (["--patience", "0.1", "--beam-size", "5"], "--patience must be above 0.1 with --beam-size 5, not 0.1"),
         (["-o", ""], "-o names no folder (an empty name); give a folder, or - for stdout"),  # -o "$UNSET": not cwd
         (["--skip-existing"], "--skip-existing needs -o: it skips inputs whose files there are whole"),
-        (["-f", "srt", "-f", "vtt"], "stdout takes one format, not srt, vtt: -o DIR writes each to a file of its own"),
+        (
+            ["-f", "srt", "-f", "vtt"],
+            "stdout takes one format, or json, jsonl and rttm (a record a line), not srt, vtt:"
+            " -o DIR writes each to a file of its own",
+        ),
         (
             ["-f", "all", "-o", "-"],
-            "stdout takes one format, not txt, srt, vtt, json, tsv, jsonl: -o DIR writes each to a file of its own",
+            "stdout takes one format, or json, jsonl and rttm (a record a line), not txt, srt, vtt, json, tsv, jsonl:"
+            " -o DIR writes each to a file of its own",
         ),
     ):
         proc = run_ferrum("transcribe", str(SAMPLE), *bad)

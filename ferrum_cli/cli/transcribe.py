@@ -382,15 +382,18 @@ def transcribe(
     from ..batch.inputs import expand
     from ..batch.runner import BatchPlan, BatchSummary, is_complete, outputs_for
     from ..executor import check_compute, verify_ahead
-    from ..writers import SubtitleLayout, ensure_writable_dir, parse_formats
+    from ..writers import LINE_FORMATS, SubtitleLayout, ensure_writable_dir, parse_formats
     from .render import TranscribeView
 
     verify_ahead(model)  # on another thread, while the rest starts
     output_dir = call(_output_folder, output_dir)
     call(check_compute, compute.value)
     formats = call(parse_formats, output_format, diarize)
-    if output_dir is None and len(formats) > 1:  # one document after another, which no reader parses
-        fail(UsageError(f"stdout takes one format, not {', '.join(formats)}: -o DIR writes each to a file of its own"))
+    if output_dir is None and len(formats) > 1 and not set(formats) <= set(LINE_FORMATS):  # no reader parses that
+        fail(UsageError(
+            f"stdout takes one format, or json, jsonl and rttm (a record a line), not {', '.join(formats)}:"
+            " -o DIR writes each to a file of its own"
+        ))  # fmt: skip
     layout = SubtitleLayout(max_line_width, max_line_count, max_words_per_line, highlight_words)
     _check_subtitle_options(layout, word_timestamps)
     jobs = call(expand, inputs, stdin_name) if mic is not None and inputs else []
