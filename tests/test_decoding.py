@@ -175,6 +175,28 @@ def test_beam_search_reads_a_batch_of_windows_as_openai_whisper_reads_each_alone
     assert "country" not in batched[0].text.lower() and "ask not what your country" in batched[1].text.lower()
 
 
+@needs_corpus
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+def test_beam_search_reads_a_window_alike_alone_and_in_a_batch_in_half_precision(executor, cache_dtype):
+    """The features a window's beams share, in the engine's half-precision caches: float16
+    products packed once a window (AVX2's path), bfloat16 taken a window at a time."""
+    from whisper.decoding import DecodingOptions
+
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.encoder import encode_windows
+
+    model = executor._model
+    jfk, other = decode_file(corpus(JFK)).samples, decode_file(corpus("en_ljspeech_LJ001-0001.flac")).samples
+    features = encode_windows(model, [other, jfk[: 3 * SAMPLE_RATE], jfk], "float32")
+    options = DecodingOptions(language="en", beam_size=3, fp16=False)
+    batched = model.decode(features, options, fast_cache_dtype=cache_dtype)
+    alone = [model.decode(features[row : row + 1], options, fast_cache_dtype=cache_dtype)[0] for row in range(3)]
+    assert [r.text for r in batched] == [r.text for r in alone]
+    assert [r.tokens for r in batched] == [r.tokens for r in alone]
+    assert "ask not what your country" in batched[2].text.lower()
+
+
 x86_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm's float16-weight products are x86's"
 )
