@@ -30,6 +30,7 @@ from .helpers import (
     needs_corpus,
     run_ferrum,
     wav_bytes,
+    words,
 )
 
 CLIPS = [JFK, "en_harvard_speechbrain_example1.wav", "en_librispeech_61-70968-0000.flac", "en_ljspeech_LJ001-0001.flac"]
@@ -185,6 +186,14 @@ def test_live_refuses_files_and_what_it_cannot_do():
     ):
         proc = run_ferrum("transcribe", *args)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@needs_corpus
+def test_live_takes_beam_search():
+    """Beam search runs in the batched engine, which --live runs in; it was refused."""
+    proc = run_ferrum("transcribe", "-", "--live", "--beam-size", "3", "-m", "tiny.en", stdin=corpus(JFK).read_bytes())
+    assert proc.returncode == 0, proc.stderr
+    assert "ask not what your country can do for you" in words(proc.stdout)
 
 
 def test_live_stdin_with_nothing_or_no_audio_on_it_says_so():
