@@ -620,11 +620,15 @@ class FerrumDecodingTask(DecodingTask):
         decoder = self.decoder
         n_windows = tokens.shape[0] // group
         finished: list[dict] = [{} for _ in range(n_windows)]  # each window's, filled by decoder.update
-        done_tokens: dict[int, Tensor] = {}  # [group, positions]: a window's beams when it left
-        done_logprobs: dict[int, Tensor] = {}
+        left: dict[int, tuple[Tensor, Tensor]] = {}  # a window's beams and their sums when it left
         windows = list(range(n_windows))  # those still in the batch, in row order
         sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
         no_speech_probs: list[float] = []
+
+        def leave(k: int) -> None:  # the k-th window still in the batch, as its beams stand
+            rows = slice(k * group, (k + 1) * group)
+            left[windows[k]] = tokens[rows], sum_logprobs[rows]
+
         try:
             for i in range(self.sample_len):
                 _check_stopped()
@@ -635,10 +639,9 @@ class FerrumDecodingTask(DecodingTask):
                     break
                 done = [len(finished[window]) >= decoder.max_candidates for window in windows]
                 if any(done):
-                    for k, window in enumerate(windows):
+                    for k in range(len(windows)):
                         if done[k]:
-                            done_tokens[window] = tokens[k * group : (k + 1) * group]
-                            done_logprobs[window] = sum_logprobs[k * group : (k + 1) * group]
+                            leave(k)
                     rows = torch.tensor([not d for d in done], device=tokens.device).repeat_interleave(group)
                     tokens, sum_logprobs = tokens[rows], sum_logprobs[rows]
                     self.inference.keep_rows(rows)
@@ -647,15 +650,14 @@ class FerrumDecodingTask(DecodingTask):
                     windows = [window for window, d in zip(windows, done) if not d]
         finally:
             self.inference.cleanup_caching()
-        for k, window in enumerate(windows):
-            done_tokens[window] = tokens[k * group : (k + 1) * group]
-            done_logprobs[window] = sum_logprobs[k * group : (k + 1) * group]
+        for k in range(len(windows)):
+            leave(k)
         decoder.finished_sequences = finished
-        length = max(t.shape[-1] for t in done_tokens.values())
+        length = max(beams.shape[-1] for beams, _ in left.values())
         every = torch.full((n_windows * group, length), self.tokenizer.eot, dtype=tokens.dtype, device=tokens.device)
-        for window, beams in done_tokens.items():  # a window that left early is read from `finished`
+        for window, (beams, _) in left.items():  # a window that left early is read from `finished`
             every[window * group : (window + 1) * group, : beams.shape[-1]] = beams
-        return every, torch.cat([done_logprobs[window] for window in range(n_windows)]), no_speech_probs
+        return every, torch.cat([left[window][1] for window in range(n_windows)]), no_speech_probs
 
     def _static_cache_inference(self, group: int = 1) -> StaticCacheInference:
         return StaticCacheInference(
