@@ -107,8 +107,8 @@ class StaticCacheInference:
         decoder = self.decoder
         n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
         n_ctx = min(n_ctx, self.max_length or n_ctx)
-        if self.group > 1:  # one row a window
-            audio_features = audio_features[:: self.group].contiguous()
+        # one row a window: beams' repeated rows taken once, in a copy of ours
+        windows = audio_features[:: self.group].contiguous() if self.group > 1 else audio_features
         n_head = decoder.blocks[0].attn.n_head
         width = decoder.token_embedding.weight.shape[1]
         self.half_weights = _half_weight_products(self.model)
@@ -117,9 +117,9 @@ class StaticCacheInference:
             if self.half_weights is None:  # fbgemm's products do not apply: features as the model has them
                 self.cache_dtype = self.dtype
             else:
-                self.half_features = [HalfFeatures(row) for row in audio_features]
-        self.features = None if self.half_features is not None else audio_features.to(self.cache_dtype)
-        self.owns_features = self.features is not audio_features  # a copy: keep_rows may write in it
+                self.half_features = [HalfFeatures(row) for row in windows]
+        self.features = None if self.half_features is not None else windows.to(self.cache_dtype)
+        self.owns_features = self.features is not audio_features  # not the caller's: keep_rows may write in it
         shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
         self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
         self.self_v = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
