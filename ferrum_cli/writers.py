@@ -76,7 +76,7 @@ def segment_line(segment: Segment, fmt: str, language: str | None = None) -> str
 
 
 JSON_FORMATS = ("json", "jsonl")
-LINE_FORMATS = ("json", "jsonl", "rttm")  # a record a line, told apart by its shape: several share a stream
+LINE_FORMATS = (*JSON_FORMATS, "rttm")  # a record a line, told apart by its shape: several share a stream
 
 
 def named_json(result: Transcription, fmt: str, name: str) -> str:
