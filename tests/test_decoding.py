@@ -197,6 +197,36 @@ def test_beam_search_reads_a_window_alike_alone_and_in_a_batch_in_half_precision
     assert "ask not what your country" in batched[2].text.lower()
 
 
+@needs_corpus
+def test_beams_and_samples_hold_their_windows_features_once(executor, monkeypatch):
+    """openai-whisper's run() repeats the features for every beam and sample, copies the beam
+    loop never read. Beam search keeps one row a window; only best-of-n sampling, whose rows go
+    their own ways, repeats them, in its own loop."""
+    from whisper.decoding import DecodingOptions
+
+    from ferrum_cli.audio.constants import SAMPLE_RATE
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.engine.decoding import FerrumDecodingTask
+    from ferrum_cli.engine.encoder import encode_windows
+
+    rows_read, main_loop = [], FerrumDecodingTask._main_loop
+
+    def counting(task, audio_features, tokens):
+        rows_read.append(audio_features.shape[0])
+        return main_loop(task, audio_features, tokens)
+
+    monkeypatch.setattr(FerrumDecodingTask, "_main_loop", counting)
+    jfk = decode_file(corpus(JFK)).samples
+    features = encode_windows(executor._model, [jfk[: 3 * SAMPLE_RATE], jfk], "float32")
+    beams = executor._model.decode(features, DecodingOptions(language="en", beam_size=5, fp16=False),
+                                   fast_cache_dtype=torch.float32)  # fmt: skip
+    assert rows_read == [2] and "ask not what your country" in beams[1].text.lower()
+    samples = executor._model.decode(features, DecodingOptions(language="en", temperature=0.5, best_of=3, fp16=False),
+                                     fast_cache_dtype=torch.float32)  # fmt: skip
+    assert rows_read == [2, 2] and "country" in samples[1].text.lower()
+    assert all(window.token_logprobs and len(window.token_logprobs) == len(window.tokens) for window in samples)
+
+
 x86_fbgemm = pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm's float16-weight products are x86's"
 )

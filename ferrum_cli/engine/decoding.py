@@ -27,6 +27,7 @@ from whisper.decoding import (
     PyTorchInference,
     SuppressBlank,
 )
+from whisper.utils import compression_ratio
 
 from ..platform.cpu import half_products_available
 from .derived import derive_ahead, derived
@@ -84,7 +85,7 @@ class StaticCacheInference:
     ) -> None:
         """max_length: the most positions a sequence will take (initial tokens and samples);
         the caches hold that many, not the decoder's 448, which halves them for one window.
-        group: rows a window (beam search's beams), whose features come repeated that often."""
+        group: rows a window (beam search's beams), which share its one row of features."""
         self.decoder = model.decoder
         self.group = group
         self.max_length = max_length
@@ -105,10 +106,9 @@ class StaticCacheInference:
 
     def _start(self, audio_features: Tensor) -> None:
         decoder = self.decoder
-        n_batch, n_ctx = audio_features.shape[0], decoder.positional_embedding.shape[0]
+        n_batch, n_ctx = audio_features.shape[0] * self.group, decoder.positional_embedding.shape[0]
         n_ctx = min(n_ctx, self.max_length or n_ctx)
-        # one row a window: beams' repeated rows taken once, in a copy of ours
-        windows = audio_features[:: self.group].contiguous() if self.group > 1 else audio_features
+        windows = audio_features  # one row a window, which its `group` rows share
         n_head = decoder.blocks[0].attn.n_head
         width = decoder.token_embedding.weight.shape[1]
         self.half_weights = _half_weight_products(self.model)
@@ -543,24 +543,51 @@ class FerrumDecodingTask(DecodingTask):
         self.sampled_tokens: Tensor | None = None  # [rows, positions]: the greedy loop's, prompt included
         self.sampled_logprobs: Tensor | None = None  # [rows, positions]: of each sampled token
 
+    @torch.no_grad()
     def run(self, mel: Tensor) -> list[DecodedWindow]:
-        results = super().run(mel)
-        sampled = self.sampled_logprobs
-        if sampled is None or self.options.task == "lang_id":
-            return [DecodedWindow(**vars(result)) for result in results]
+        """openai-whisper's run(), with the features one row a window throughout: its run() needs
+        them repeated for every beam or sample, copies that beam search's caches never read and
+        that held a large part of its memory (docs/performance.md, "Beam search")."""
+        self.decoder.reset()
+        n_audio, group, eot = mel.shape[0], self.n_group, self.tokenizer.eot
+        audio_features = self._get_audio_features(mel)  # [windows, frames, width]
+        tokens = torch.tensor([self.initial_tokens]).repeat(n_audio, 1)
+        languages, language_probs = self._detect_language(audio_features, tokens)
+        if self.options.task == "lang_id":
+            return [DecodedWindow(audio_features=features, language=language, language_probs=probs)
+                    for features, language, probs in zip(audio_features, languages, language_probs)]  # fmt: skip
+        tokens = tokens.repeat_interleave(group, dim=0).to(audio_features.device)
+        tokens, sum_logprobs, no_speech_probs = self._main_loop(audio_features, tokens)
+        tokens, sum_logprobs = self.decoder.finalize(
+            tokens.reshape(n_audio, group, -1), sum_logprobs.reshape(n_audio, group)
+        )
+        candidates = [[t[self.sample_begin : (t == eot).nonzero()[0, 0]] for t in window] for window in tokens]
+        selected = self.sequence_ranker.rank(candidates, sum_logprobs)
         windows = []
-        for i, result in enumerate(results):
-            n = len(result.tokens)
-            rows = range(i * self.n_group, (i + 1) * self.n_group)  # best-of-n: the sample run() kept
-            row = next((r for r in rows if self.sampled_tokens[r, self.sample_begin : self.sample_begin + n].tolist()
-                        == list(result.tokens)), rows[0])  # fmt: skip
-            logprobs = tuple(sampled[row, self.sample_begin : self.sample_begin + n].tolist())
-            windows.append(DecodedWindow(**vars(result), token_logprobs=logprobs))
+        for i, chosen in enumerate(selected):
+            text_tokens = candidates[i][chosen].tolist()
+            text = self.tokenizer.decode(text_tokens).strip()
+            windows.append(DecodedWindow(
+                audio_features=audio_features[i], language=languages[i], tokens=text_tokens, text=text,
+                avg_logprob=sum_logprobs[i][chosen] / (len(text_tokens) + 1), no_speech_prob=no_speech_probs[i * group],
+                temperature=self.options.temperature, compression_ratio=compression_ratio(text),
+                token_logprobs=self._token_logprobs(i, text_tokens),
+            ))  # fmt: skip
         return windows
+
+    def _token_logprobs(self, window: int, text_tokens: list[int]) -> tuple[float, ...] | None:
+        """The log probability of each token as the greedy loop sampled it, from the row of the
+        window's best-of-n samples that gave these tokens; None from beam search."""
+        sampled = self.sampled_logprobs
+        if sampled is None:
+            return None
+        n, start = len(text_tokens), self.sample_begin
+        rows = range(window * self.n_group, (window + 1) * self.n_group)
+        row = next((r for r in rows if self.sampled_tokens[r, start : start + n].tolist() == text_tokens), rows[0])
+        return tuple(sampled[row, start : start + n].tolist())
 
     def _detect_language(self, audio_features: Tensor, tokens: Tensor):
         """Rows of one batch may come from files in different languages, each already known."""
-        audio_features = audio_features[:: audio_features.shape[0] // tokens.shape[0]]  # see _get_audio_features
         if self.row_languages is None or self.sot_index + 1 >= tokens.shape[1]:
             return super()._detect_language(audio_features, tokens)
         tokens[:, self.sot_index + 1] = torch.tensor(
@@ -569,18 +596,11 @@ class FerrumDecodingTask(DecodingTask):
         return list(self.row_languages), None
 
     def _get_audio_features(self, mel: Tensor) -> Tensor:
-        """The features, one row per sequence for the greedy loop when it samples best-of-n.
-
-        openai-whisper's run() repeats the tokens n times but not the features (its decoder
-        broadcasts a single audio over them), and afterwards keeps every n-th feature row.
-        """
+        """[windows, frames, width]: the encoder's output, or mel where it is that already."""
         dtype = next(self.model.parameters()).dtype
         mel = mel.to(dtype)
         encoded = mel.shape[-2:] == (self.model.dims.n_audio_ctx, self.model.dims.n_audio_state)
-        features = mel if encoded else self.model.encoder(mel)
-        if self.n_group > 1 and (isinstance(self.decoder, GreedyDecoder) or self.fast_cache_dtype is not None):
-            features = features.repeat_interleave(self.n_group, dim=0)
-        return features
+        return mel if encoded else self.model.encoder(mel)
 
     def _main_loop(self, audio_features: Tensor, tokens: Tensor):
         if isinstance(self.decoder, GreedyDecoder):
@@ -671,6 +691,8 @@ class FerrumDecodingTask(DecodingTask):
 
     def _greedy_loop(self, audio_features: Tensor, tokens: Tensor):
         """Greedy decoding, or sampling at a temperature, where finished sequences leave the batch."""
+        if self.n_group > 1:  # best-of-n: each sample goes its own way, with its own row of features
+            audio_features = audio_features.repeat_interleave(self.n_group, dim=0)
         if self.fast_cache_dtype is not None:
             self.inference = self._static_cache_inference()
         eot = self.tokenizer.eot
