@@ -260,15 +260,17 @@ class WhisperModelExecutor:
         results: dict[int, Transcription | FerrumError] = {}
         numbered = enumerate(items)
         items_failed: Exception | None = None  # raised by the caller's items: raised once those before are back
+        listed_all = False  # items ran out (or raised): the service is told, so its last short inputs go on
         try:
             while True:
-                while len(waiting) < LOOK_AHEAD * options.batch_size and items_failed is None:
+                while len(waiting) < LOOK_AHEAD * options.batch_size and not listed_all:
                     try:
                         item = next(numbered, None)
                     except Exception as exc:
-                        items_failed = exc
-                        break
+                        item, items_failed = None, exc
                     if item is None:
+                        listed_all = True
+                        service.end_of_inputs()
                         break
                     number, entry = item
                     key, source = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, entry)

@@ -378,6 +378,26 @@ def test_many_inputs_may_be_sources_alone_and_a_failing_iterable_keeps_what_came
     assert handed_back == [("first", True), ("second", True)]
 
 
+@needs_corpus
+def test_which_short_inputs_share_a_window_does_not_depend_on_how_fast_they_are_listed(executor):
+    """Short inputs of one language are read side by side in 30 s windows, and a neighbour's
+    text is context: "1-0-0-0-1 902-1-0" packed, "1,001 90210" alone. The engine took whatever the
+    caller had listed when it opened them, so a listing slower than the engine (a folder on a
+    network disk) gave other text than a fast one. A row of short inputs now waits for the
+    caller's next ones, or for the end of its list."""
+    clips = [row["path"] for row in english_rows()]
+    options = TranscribeOptions(language="en")
+
+    def listed_slowly():
+        for clip in clips:
+            yield clip
+            time.sleep(0.2)
+
+    at_once = {key: result.text for key, result in executor.transcribe_many(clips, options)}
+    slowly = {key: result.text for key, result in executor.transcribe_many(listed_slowly(), options)}
+    assert slowly == at_once
+
+
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
     from ferrum_cli.audio.vad import speech_regions, speech_regions_and_core_many
     from ferrum_cli.options import VadOptions

@@ -209,10 +209,16 @@ class BatchedEngine:
         self.incoming: Iterator[SourceRequest] = iter(())
         self.inbox: deque[SourceRequest] = deque()  # submitted, not yet opened
         self.last_batch = 0  # windows in the batch step() decoded last
+        self.forming: list[Source] = []  # in order: short inputs opened, waiting for the next ones to share windows
+        self.more_may_come = in_order  # in order, until the caller says it submits no more (inputs_ended)
 
     def submit(self, request: SourceRequest) -> None:
         """Queue an input; a later step() opens it."""
         self.inbox.append(request)
+
+    def inputs_ended(self) -> None:
+        """The caller submits no more: a row of short inputs waiting for the next ones closes."""
+        self.more_may_come = False
 
     def _take_submitted(self) -> Iterator[SourceRequest]:
         while self.inbox:
@@ -220,7 +226,7 @@ class BatchedEngine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.inbox or self.sources or self.queue)
+        return bool(self.inbox or self.sources or self.queue or self.forming)
 
     def step(self) -> list[tuple[object, Transcription | FerrumError]]:
         """Open what was submitted, decode one batch, and hand back every source that is done."""
@@ -240,6 +246,9 @@ class BatchedEngine:
     def cancel(self, key) -> bool:
         """Forget an input: its windows leave the queue and its audio is closed. False if it is not here."""
         if withdraw(self.inbox, key):
+            return True
+        if any(source.key is key for source in self.forming):
+            self.forming = [source for source in self.forming if source.key is not key]
             return True
         for source in self.sources:
             if source.key is key:
@@ -308,11 +317,17 @@ class BatchedEngine:
         return True
 
     def _open_next(self) -> tuple[list[Source], Source | None]:
-        """Short inputs opened in a row (up to a batch of them), and the input after them: long, or unreadable."""
-        group: list[Source] = []
+        """Short inputs opened in a row (up to a batch of them), and the input after them: long, or
+        unreadable. In order, a row that has run through what was submitted waits for the
+        caller's next inputs (queued windows are decoded meanwhile): which inputs share a window
+        changes their text, and must not depend on how fast the caller lists them."""
+        group, self.forming = self.forming, []
         while len(group) < self.options.batch_size:
             item = next(self.incoming, None)
             if item is None:
+                if group and self.more_may_come:
+                    self.forming = group
+                    return [], None
                 return group, None
             source = self._open(item)
             if source.short is None:

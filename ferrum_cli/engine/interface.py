@@ -63,6 +63,9 @@ class Engine(Protocol):
     def cancel(self, key: object) -> bool:
         """Forget an input and close its audio; False if it is not here."""
 
+    def inputs_ended(self) -> None:
+        """The caller submits no more inputs (a batch of files listed to its end)."""
+
 
 def withdraw(inbox: deque[SourceRequest], key) -> bool:
     """Take the request of `key` out of an engine's inbox (submitted, not yet opened); False if it is not there."""

@@ -42,6 +42,9 @@ class SequentialEngine:
     def busy(self) -> bool:
         return bool(self.inbox)
 
+    def inputs_ended(self) -> None:
+        """Nothing waits for more inputs here: each is read alone."""
+
     def cancel(self, key) -> bool:
         return withdraw(self.inbox, key)
 

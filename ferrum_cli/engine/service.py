@@ -116,7 +116,8 @@ class EngineService:
     alive on few cores slow both (docs/performance.md).
 
     An engine whose only inputs are live streams with no stretch ready is left `idle` until one
-    of them has (LiveWindows calls back), so that waiting for a speaker costs no CPU.
+    of them has (LiveWindows calls back), so that waiting for a speaker costs no CPU; so is one
+    whose short inputs wait, in order, for the caller's next ones (submit, end_of_inputs).
 
     A fault fails only what it touched: an input whose options cannot start an engine fails
     alone, a batch that raises fails that engine's inputs. A fault outside both (a bug in this
@@ -135,7 +136,8 @@ class EngineService:
         self._submitted: list[Ticket] = []
         self._cancelled: list[Ticket] = []
         self._idle: set[TranscribeOptions] = set()  # engines that wait for a live stream's next stretch
-        self._live_events = 0  # callbacks from live streams so far: a step that saw none may idle
+        self._wakeups = 0  # live streams' callbacks and the end of inputs so far: a step that saw none may idle
+        self._inputs_ended = False  # the caller submits no more (end_of_inputs)
         self._wake = threading.Condition()
         self._stopping = False
         self.failed: ServiceError | None = None  # set when the thread could not go on
@@ -156,10 +158,19 @@ class EngineService:
             self._wake.notify()
         return ticket
 
+    def end_of_inputs(self) -> None:
+        """The caller submits no more inputs: in order, the short ones waiting for more to share
+        their windows with go on as they are."""
+        with self._wake:
+            self._inputs_ended = True
+            self._wakeups += 1
+            self._idle.clear()
+            self._wake.notify()
+
     def _live_ready(self) -> None:
         """A live stream has a stretch to decode, or has ended (on its planner's thread)."""
         with self._wake:
-            self._live_events += 1
+            self._wakeups += 1
             self._idle.clear()
             self._wake.notify()
 
@@ -238,15 +249,18 @@ class EngineService:
                     return
                 self._take_cancelled()
                 self._take_submitted()
+                if self._inputs_ended:
+                    for engine in self._engines.values():
+                        engine.inputs_ended()
                 busy = self._runnable()
-                events = self._live_events
+                events = self._wakeups
             if not busy:
                 continue
             key = busy[turn % len(busy)]
             turn += 1
             if not self._step(key):
                 with self._wake:
-                    if self._live_events == events and key in self._engines:
+                    if self._wakeups == events and key in self._engines:
                         self._idle.add(key)
 
     # the engines' events: the key of each input is its ticket
