@@ -264,10 +264,12 @@ class WhisperModelExecutor:
         try:
             while True:
                 while len(waiting) < LOOK_AHEAD * options.batch_size and not listed_all:
+                    service.listing(True)
                     try:
                         item = next(numbered, None)
                     except Exception as exc:
                         item, items_failed = None, exc
+                    service.listing(False)
                     if item is None:
                         listed_all = True
                         service.end_of_inputs()

@@ -398,6 +398,35 @@ def test_which_short_inputs_share_a_window_does_not_depend_on_how_fast_they_are_
     assert slowly == at_once
 
 
+@needs_corpus
+def test_a_list_that_pauses_lets_the_short_inputs_before_it_go_on(executor, monkeypatch):
+    """A short input waits for the caller's next ones to share its window, but not for a list
+    that pauses (a folder being watched, a slow disk): past LISTING_PAUSE the inputs listed so far
+    are decoded while the caller waits for its next."""
+    from ferrum_cli.engine.batched import BatchedEngine
+    from ferrum_cli.engine.service import LISTING_PAUSE
+
+    decoded_at, decode = [], BatchedEngine._decode_next_batch
+
+    def timed(engine):
+        decoded_at.append(time.monotonic())
+        return decode(engine)
+
+    monkeypatch.setattr(BatchedEngine, "_decode_next_batch", timed)
+    paused = []
+
+    def watched():
+        yield "first", str(corpus(JFK))
+        paused.append(time.monotonic())
+        time.sleep(LISTING_PAUSE + 2.0)
+        paused.append(time.monotonic())
+        yield "second", str(corpus(JFK))
+
+    results = dict(executor.transcribe_many(watched(), TranscribeOptions(language="en")))
+    assert all("ask not what your country" in words(results[key].text) for key in ("first", "second"))
+    assert any(paused[0] < at < paused[1] for at in decoded_at), (paused, decoded_at)
+
+
 def test_vad_of_many_clips_at_once_finds_what_each_alone_finds():
     from ferrum_cli.audio.vad import speech_regions, speech_regions_and_core_many
     from ferrum_cli.options import VadOptions

@@ -210,15 +210,16 @@ class BatchedEngine:
         self.inbox: deque[SourceRequest] = deque()  # submitted, not yet opened
         self.last_batch = 0  # windows in the batch step() decoded last
         self.forming: list[Source] = []  # in order: short inputs opened, waiting for the next ones to share windows
-        self.more_may_come = in_order  # in order, until the caller says it submits no more (inputs_ended)
+        self.more_may_come = in_order  # in order, while the caller is to submit more soon (expect_inputs)
 
     def submit(self, request: SourceRequest) -> None:
         """Queue an input; a later step() opens it."""
         self.inbox.append(request)
 
-    def inputs_ended(self) -> None:
-        """The caller submits no more: a row of short inputs waiting for the next ones closes."""
-        self.more_may_come = False
+    def expect_inputs(self, more: bool) -> None:
+        """False: the caller's list has ended or pauses, and a row of short inputs waiting for
+        its next ones goes on as it is."""
+        self.more_may_come = more and self.in_order
 
     def _take_submitted(self) -> Iterator[SourceRequest]:
         while self.inbox:

@@ -63,8 +63,8 @@ class Engine(Protocol):
     def cancel(self, key: object) -> bool:
         """Forget an input and close its audio; False if it is not here."""
 
-    def inputs_ended(self) -> None:
-        """The caller submits no more inputs (a batch of files listed to its end)."""
+    def expect_inputs(self, more: bool) -> None:
+        """Whether the caller is to submit more soon: False once its list has ended or pauses."""
 
 
 def withdraw(inbox: deque[SourceRequest], key) -> bool:

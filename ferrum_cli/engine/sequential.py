@@ -42,7 +42,7 @@ class SequentialEngine:
     def busy(self) -> bool:
         return bool(self.inbox)
 
-    def inputs_ended(self) -> None:
+    def expect_inputs(self, more: bool) -> None:
         """Nothing waits for more inputs here: each is read alone."""
 
     def cancel(self, key) -> bool:

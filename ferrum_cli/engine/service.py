@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from .sequential import SequentialEngine
 
 log = logging.getLogger("ferrum.engine")
 EXIT_GRACE_SECONDS = 10.0  # how long a process that ends waits for an engine to finish its step
+LISTING_PAUSE = 1.0  # seconds a caller may take to list its next input before short inputs go on without it
 _services: weakref.WeakSet[EngineService] = weakref.WeakSet()  # stopped at exit, see _stop_at_exit
 
 
@@ -138,6 +140,8 @@ class EngineService:
         self._idle: set[TranscribeOptions] = set()  # engines that wait for a live stream's next stretch
         self._wakeups = 0  # live streams' callbacks and the end of inputs so far: a step that saw none may idle
         self._inputs_ended = False  # the caller submits no more (end_of_inputs)
+        self._listing_since: float | None = None  # the caller is getting its next input (listing)
+        self._listing_waited = False  # an engine waited for that listing until LISTING_PAUSE
         self._wake = threading.Condition()
         self._stopping = False
         self.failed: ServiceError | None = None  # set when the thread could not go on
@@ -166,6 +170,26 @@ class EngineService:
             self._wakeups += 1
             self._idle.clear()
             self._wake.notify()
+
+    def listing(self, busy: bool) -> None:
+        """The caller is (True), or no longer (False), getting its next input from its own list. A
+        list that takes LISTING_PAUSE for one (a folder being watched) lets short inputs waiting
+        for their neighbours go on without them."""
+        with self._wake:
+            self._listing_since = time.monotonic() if busy else None
+            self._listing_waited = False
+
+    def _more_inputs_soon(self) -> bool:
+        if self._inputs_ended:
+            return False
+        return self._listing_since is None or time.monotonic() - self._listing_since < LISTING_PAUSE
+
+    def _listing_wait(self) -> float | None:
+        """Seconds until the caller's listing has taken LISTING_PAUSE; None when no idle engine
+        waits for that."""
+        if self._listing_since is None or self._inputs_ended or self._listing_waited or not self._idle:
+            return None
+        return max(0.0, self._listing_since + LISTING_PAUSE - time.monotonic())
 
     def _live_ready(self) -> None:
         """A live stream has a stretch to decode, or has ended (on its planner's thread)."""
@@ -244,14 +268,19 @@ class EngineService:
                 while not (self._submitted or self._cancelled or self._runnable()):
                     if self._abandoned or (self._stopping and not self._busy()):
                         return
-                    self._wake.wait()
+                    wait = self._listing_wait()
+                    if wait == 0.0:  # the caller's list pauses: what waits on its next inputs goes on
+                        self._listing_waited = True
+                        self._idle.clear()
+                        continue
+                    self._wake.wait(wait)
                 if self._abandoned:
                     return
                 self._take_cancelled()
                 self._take_submitted()
-                if self._inputs_ended:
-                    for engine in self._engines.values():
-                        engine.inputs_ended()
+                more = self._more_inputs_soon()
+                for engine in self._engines.values():
+                    engine.expect_inputs(more)
                 busy = self._runnable()
                 events = self._wakeups
             if not busy:
