@@ -62,18 +62,20 @@ def noisy(samples: np.ndarray, snr_db: float) -> np.ndarray:
 
 
 @needs_corpus
-def test_an_input_whisper_is_unsure_of_when_packed_is_read_alone_and_the_rest_stay_packed(executor):
+@pytest.mark.parametrize("beam_size", [None, 3])
+def test_an_input_whisper_is_unsure_of_when_packed_is_read_alone_and_the_rest_stay_packed(executor, beam_size):
     """The inputs before a packed one are context its words are read in. Where Whisper is unsure
     of an input's own words (their mean log probability under -0.5), it is read again in a window
     of its own and gets the text it gets alone; the inputs it was packed with keep their windows,
-    and each packed input's segments give its own tokens' mean log probability, not the window's."""
+    and each packed input's segments give its own tokens' mean log probability, not the window's.
+    Beam search keeps each beam's token log probabilities for this (the window's mean judged all)."""
     paths = [
         next(r["path"] for r in ENGLISH if r["file"].startswith(name))
         for name in ("en_jfk", "en_harvard", "en_librispeech_4507")
     ]
     inputs = [decode_file(path).samples for path in paths]
     inputs[1] = noisy(inputs[1], snr_db=10)  # a quiet clip under hiss: Whisper guesses at its words
-    options = TranscribeOptions(language="en")
+    options = TranscribeOptions(language="en", beam_size=beam_size)
     alone = executor.transcribe(inputs[1], options)
     results = dict(executor.transcribe_many(list(enumerate(inputs)), options))
     assert not results[1].options.get("packed")

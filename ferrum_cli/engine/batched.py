@@ -587,8 +587,8 @@ class BatchedEngine:
     @staticmethod
     def _score_own(pieces: list[Segment]) -> None:
         """An input's segments from a packed window take the compression ratio of its own text and
-        the mean log probability of its own tokens (where decoding kept them; not beam search),
-        not the whole window's: they are what it is judged by."""
+        the mean log probability of its own tokens (greedy decoding and beam search keep them; not
+        openai-whisper's own loop), not the whole window's: they are what it is judged by."""
         from whisper.utils import compression_ratio
 
         ratio = compression_ratio("".join(piece.text for piece in pieces).strip())
@@ -609,8 +609,7 @@ class BatchedEngine:
         """Whether Whisper read a packed input's own tokens (_score_own) with a mean log probability
         under PACKED_SURE_LOGPROB. The inputs before it in the window are context its words are read
         in: where Whisper is sure of them that context hardly matters, where it is unsure it can tip
-        them, so such an input is read again in a window of its own, as it is without packing. Beam
-        search keeps no token log probabilities: there, the window's mean judges each of its inputs."""
+        them, so such an input is read again in a window of its own, as it is without packing."""
         return pieces[0].avg_logprob < PACKED_SURE_LOGPROB
 
     def _fit_words(self, pieces: list[Segment], source: Source) -> None:

@@ -465,47 +465,86 @@ class BatchedBeamSearch(BeamSearchDecoder):
     `.item()` at a time: with the beams of a batch of windows, a tenth of decoding. Here the
     prefixes of a window's beams are read only for the candidates that end there. Where two beams
     of a window hold the same tokens (its first step), its own update runs, which merges them.
+
+    Each beam's token log probabilities follow it (`history`), and each candidate found keeps its
+    own (`finished_logprobs`, beside `finished_sequences`): a packed input is judged by its own
+    tokens, as with greedy decoding, and segments carry them (Segment.token_logprobs).
     """
+
+    def __init__(self, beam_size: int, eot: int, inference, patience: float | None = None) -> None:
+        super().__init__(beam_size, eot, inference, patience)
+        self.history: Tensor | None = None  # [rows, steps]: the log probability of each beam's tokens
+        self.finished_logprobs: list[dict[tuple, tuple[float, ...]]] = []  # a window's, beside finished_sequences
 
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         n_rows, beams = tokens.shape[0], self.beam_size
         n_windows = n_rows // beams
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        if self.history is None:
+            self.history = logprobs.new_zeros(n_rows, 0)
         grouped = tokens.view(n_windows, beams, -1)
         if bool((grouped[:, :, None] == grouped[:, None]).all(-1).sum((1, 2)).gt(beams).any()):
-            return super().update(tokens, logits, sum_logprobs)
+            return self._merging_update(tokens, logits, sum_logprobs, logprobs)
         if self.finished_sequences is None:
             self.finished_sequences = [{} for _ in range(n_windows)]
-        logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_tokens = logprobs.topk(beams + 1)  # [rows, beams + 1], as its update takes them
         scores = (sum_logprobs[:, None] + top_logprobs).view(n_windows, -1)  # float32 sums, as its .item()s
         order = scores.sort(dim=-1, descending=True, stable=True).indices  # ties in (beam, rank) order
         ranked_scores = scores.gather(1, order).tolist()
         ranked_tokens = top_tokens.view(n_windows, -1).gather(1, order).tolist()
+        ranked_logprobs = top_logprobs.view(n_windows, -1).gather(1, order).tolist()
         first_rows = torch.arange(n_windows, device=order.device)[:, None] * beams
         ranked_sources = (order // (beams + 1) + first_rows).tolist()
-        sources, next_tokens, finished_sequences = [], [], []
+        sources, next_tokens, next_logprobs, finished_sequences, finished_logprobs = [], [], [], [], []
         for window in range(n_windows):
-            finished, saved = {}, 0
-            for score, token, source in zip(ranked_scores[window], ranked_tokens[window], ranked_sources[window]):
+            finished, own, saved = {}, {}, 0
+            ranked = zip(ranked_scores[window], ranked_tokens[window], ranked_sources[window], ranked_logprobs[window])
+            for score, token, source, logprob in ranked:
                 if token == self.eot:
-                    finished[tuple(tokens[source].tolist() + [token])] = score
+                    sequence = tuple(tokens[source].tolist() + [token])
+                    finished[sequence] = score
+                    own[sequence] = (*self.history[source].tolist(), logprob)
                 else:
                     sum_logprobs[len(sources)] = score
                     sources.append(source)
                     next_tokens.append(token)
+                    next_logprobs.append(logprob)
                     saved += 1
                     if saved == beams:
                         break
             finished_sequences.append(finished)
+            finished_logprobs.append(own)
         chosen = torch.tensor(next_tokens, dtype=tokens.dtype, device=tokens.device)
         tokens = torch.cat([tokens[sources], chosen[:, None]], dim=-1)
+        self.history = torch.cat([self.history[sources], self.history.new_tensor(next_logprobs)[:, None]], dim=-1)
         self.inference.rearrange_kv_cache(sources)
-        for previously_finished, newly_finished in zip(self.finished_sequences, finished_sequences):
+        for window, newly_finished in enumerate(finished_sequences):
+            previously_finished = self.finished_sequences[window]
             for seq in sorted(newly_finished, key=newly_finished.get, reverse=True):
                 if len(previously_finished) >= self.max_candidates:
                     break
                 previously_finished[seq] = newly_finished[seq]
+                self.finished_logprobs[window][seq] = finished_logprobs[window][seq]
         completed = all(len(sequences) >= self.max_candidates for sequences in self.finished_sequences)
+        return tokens, completed
+
+    def _merging_update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor, logprobs: Tensor):
+        """openai-whisper's own update, which merges a window's identical beams; each new beam and
+        candidate then takes its log probabilities from a beam of its window that held its prefix."""
+        beams, before = self.beam_size, tokens.tolist()
+        holder = {}  # (window, prefix): a row that held it
+        for row, prefix in enumerate(before):
+            holder.setdefault((row // beams, tuple(prefix)), row)
+        tokens, completed = super().update(tokens, logits, sum_logprobs)
+        after = tokens.tolist()
+        sources = [holder[(row // beams, tuple(sequence[:-1]))] for row, sequence in enumerate(after)]
+        taken = logprobs[sources, tokens[:, -1]]
+        for window, sequences in enumerate(self.finished_sequences):
+            own = self.finished_logprobs[window]
+            for sequence in sequences.keys() - own.keys():
+                row = holder[(window, sequence[:-1])]
+                own[sequence] = (*self.history[row].tolist(), logprobs[row, self.eot].item())
+        self.history = torch.cat([self.history[sources], taken[:, None]], dim=-1)
         return tokens, completed
 
 
@@ -542,6 +581,7 @@ class FerrumDecodingTask(DecodingTask):
         self.row_languages = row_languages
         self.sampled_tokens: Tensor | None = None  # [rows, positions]: the greedy loop's, prompt included
         self.sampled_logprobs: Tensor | None = None  # [rows, positions]: of each sampled token
+        self.beam_logprobs: list[dict[tuple, tuple[float, ...]]] | None = None  # each window's candidates'
 
     @torch.no_grad()
     def run(self, mel: Tensor) -> list[DecodedWindow]:
@@ -571,17 +611,24 @@ class FerrumDecodingTask(DecodingTask):
                 audio_features=audio_features[i], language=languages[i], tokens=text_tokens, text=text,
                 avg_logprob=sum_logprobs[i][chosen] / (len(text_tokens) + 1), no_speech_prob=no_speech_probs[i * group],
                 temperature=self.options.temperature, compression_ratio=compression_ratio(text),
-                token_logprobs=self._token_logprobs(i, text_tokens),
+                token_logprobs=self._token_logprobs(i, tuple(tokens[i][chosen].tolist()), text_tokens),
             ))  # fmt: skip
         return windows
 
-    def _token_logprobs(self, window: int, text_tokens: list[int]) -> tuple[float, ...] | None:
-        """The log probability of each token as the greedy loop sampled it, from the row of the
-        window's best-of-n samples that gave these tokens; None from beam search."""
+    def _token_logprobs(
+        self, window: int, sequence: tuple[int, ...], text_tokens: list[int]
+    ) -> tuple[float, ...] | None:
+        """The log probability of each of the window's text tokens as decoded: from the candidate
+        beam search chose (`sequence`), or the row of the greedy loop's best-of-n samples that
+        gave these tokens; None from openai-whisper's own beam search (the sequential engine)."""
+        n = len(text_tokens)
+        if self.beam_logprobs is not None:
+            found = self.beam_logprobs[window].get(sequence)
+            return tuple(found[:n]) if found is not None and len(found) >= n else None
         sampled = self.sampled_logprobs
         if sampled is None:
             return None
-        n, start = len(text_tokens), self.sample_begin
+        start = self.sample_begin
         rows = range(window * self.n_group, (window + 1) * self.n_group)
         row = next((r for r in rows if self.sampled_tokens[r, start : start + n].tolist() == text_tokens), rows[0])
         return tuple(sampled[row, start : start + n].tolist())
@@ -638,22 +685,26 @@ class FerrumDecodingTask(DecodingTask):
             self.inference = self._static_cache_inference(group=group)
             self.decoder = BatchedBeamSearch(group, self.tokenizer.eot, self.inference, self.options.patience)
         decoder = self.decoder
+        tracked = isinstance(decoder, BatchedBeamSearch)  # it keeps each beam's token log probabilities
         n_windows = tokens.shape[0] // group
         finished: list[dict] = [{} for _ in range(n_windows)]  # each window's, filled by decoder.update
-        left: dict[int, tuple[Tensor, Tensor]] = {}  # a window's beams and their sums when it left
+        self.beam_logprobs = [{} for _ in range(n_windows)] if tracked else None  # of each window's candidates
+        left: dict[int, tuple[Tensor, Tensor, Tensor | None]] = {}  # a window's beams, sums and log probabilities
         windows = list(range(n_windows))  # those still in the batch, in row order
         sum_logprobs = torch.zeros(tokens.shape[0], device=audio_features.device)
         no_speech_probs: list[float] = []
 
         def leave(k: int) -> None:  # the k-th window still in the batch, as its beams stand
             rows = slice(k * group, (k + 1) * group)
-            left[windows[k]] = tokens[rows], sum_logprobs[rows]
+            left[windows[k]] = tokens[rows], sum_logprobs[rows], decoder.history[rows] if tracked else None
 
         try:
             for i in range(self.sample_len):
                 _check_stopped()
                 logits, no_speech_probs = self._next_logits(i, tokens, audio_features, no_speech_probs)
                 decoder.finished_sequences = [finished[window] for window in windows]
+                if tracked:
+                    decoder.finished_logprobs = [self.beam_logprobs[window] for window in windows]
                 tokens, completed = decoder.update(tokens, logits, sum_logprobs)
                 if completed or tokens.shape[-1] > self.n_ctx:
                     break
@@ -667,16 +718,22 @@ class FerrumDecodingTask(DecodingTask):
                     self.inference.keep_rows(rows)
                     if self.continuation is not None:
                         self.continuation.keep_rows(rows)
+                    if tracked:
+                        decoder.history = decoder.history[rows]
                     windows = [window for window, d in zip(windows, done) if not d]
         finally:
             self.inference.cleanup_caching()
         for k in range(len(windows)):
             leave(k)
         decoder.finished_sequences = finished
-        length = max(beams.shape[-1] for beams, _ in left.values())
-        every = torch.full((n_windows * group, length), self.tokenizer.eot, dtype=tokens.dtype, device=tokens.device)
-        for window, (beams, _) in left.items():  # a window that left early is read from `finished`
+        length = max(beams.shape[-1] for beams, _, _ in left.values())
+        eot = self.tokenizer.eot
+        every = torch.full((n_windows * group, length), eot, dtype=tokens.dtype, device=tokens.device)
+        for window, (beams, _, history) in left.items():  # a window that left early is read from `finished`
             every[window * group : (window + 1) * group, : beams.shape[-1]] = beams
+            for beam in range(group) if tracked else ():  # as finalize() names a beam it takes unfinished
+                key = tuple(every[window * group + beam].tolist() + [eot])
+                self.beam_logprobs[window].setdefault(key, tuple(history[beam].tolist()))
         return every, torch.cat([left[window][1] for window in range(n_windows)]), no_speech_probs
 
     def _static_cache_inference(self, group: int = 1) -> StaticCacheInference:

@@ -101,7 +101,8 @@ def token_encoding(multilingual: bool):
 
 def logprob_objects(segments: list[Segment], encoding) -> list[dict] | None:
     """OpenAI's Logprob for each text token: its text, its bytes (a character can span tokens),
-    its log probability as decoded. None where a segment's decoding kept none (beam search)."""
+    its log probability as decoded. None where a segment's decoding kept none (openai-whisper's own
+    beam search, `--sequential`)."""
     if any(s.token_logprobs is None for s in segments):
         return None
     found = []
