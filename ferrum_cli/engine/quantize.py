@@ -23,13 +23,20 @@ LAYERS = (("attn", "query"), ("attn", "key"), ("attn", "value"), ("attn", "out")
 class Int8Linear(nn.Module):
     """A linear layer as an int8 product: weights per output channel, activations per row.
 
-    weight_levels: 127, or 63 where the CPU's int8 product adds pairs of products in 16 bits
-    (AVX2 without VNNI), which 8-bit weights against unsigned activations overflow."""
+    pairs_in_16_bits: the CPU's int8 product (AVX2 without VNNI, vpmaddubsw) adds the products of
+    inputs 2j and 2j+1 in 16 bits, against activations shifted to 0..255, so each such pair of a
+    row's weights must sum within +-128 or the sum saturates. The row's scale is then set by its
+    largest pair sum as well as by its largest weight: about 7.7 bits of the row's range for
+    Whisper's weights, where 7-bit weights throw away a whole bit (docs/performance.md)."""
 
-    def __init__(self, linear: nn.Linear, weight_levels: int = 127) -> None:
+    def __init__(self, linear: nn.Linear, pairs_in_16_bits: bool = False) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        self.weight_scale = (weight.abs().amax(dim=1) / weight_levels).clamp(min=1e-12)  # [out]
+        weight = linear.weight.detach().float()  # [out, in]
+        largest = weight.abs().amax(dim=1)
+        if pairs_in_16_bits:  # an odd width's last input is paired with nothing: a zero
+            pairs = nn.functional.pad(weight, (0, weight.shape[1] % 2)).view(weight.shape[0], -1, 2).sum(-1)
+            largest = torch.maximum(largest, pairs.abs().amax(dim=1))  # rounding adds at most 1: 128
+        self.weight_scale = (largest / 127).clamp(min=1e-12)  # [out]
         self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t()  # [in, out]
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 
@@ -51,11 +58,11 @@ def _shallow(module: nn.Module) -> nn.Module:
     return clone
 
 
-def int8_layers(block: nn.Module, weight_levels: int) -> nn.Module:
+def int8_layers(block: nn.Module, pairs_in_16_bits: bool) -> nn.Module:
     """A residual attention block whose six linear layers are Int8Linear; the rest is shared."""
     clone, parts = _shallow(block), {part: _shallow(getattr(block, part)) for part, _ in LAYERS}
     for part, name in LAYERS:
-        parts[part]._modules[name] = Int8Linear(getattr(block, part)._modules[name], weight_levels)
+        parts[part]._modules[name] = Int8Linear(getattr(block, part)._modules[name], pairs_in_16_bits)
     clone._modules.update(parts)
     return clone
 
@@ -64,9 +71,9 @@ def int8_encoder(model) -> nn.Module:
     """The model's encoder with int8_layers in every block, built once and kept on the model."""
 
     def build() -> nn.Module:
-        levels = 127 if int8_sums_exactly() else 63
+        pairs = not int8_sums_exactly()
         encoder = _shallow(model.encoder)
-        encoder._modules["blocks"] = nn.ModuleList(int8_layers(b, levels) for b in model.encoder.blocks)
+        encoder._modules["blocks"] = nn.ModuleList(int8_layers(b, pairs) for b in model.encoder.blocks)
         return encoder
 
     return derived(model, "int8 encoder", build)

@@ -54,8 +54,9 @@ def int8_available() -> bool:
 
 def int8_sums_exactly() -> bool:
     """Whether this CPU's int8 product sums 8-bit operands exactly. VNNI adds each product into
-    32 bits; AVX2 alone (vpmaddubsw) adds pairs of them into 16 bits, which saturate unless the
-    weights stay within 7 bits. Probed, since torch's kernels, not the flags, decide."""
+    32 bits; AVX2 alone (vpmaddubsw) adds pairs of them into 16 bits, which saturate unless each
+    pair of weights sums within +-128 (quantize.Int8Linear). Probed, since torch's kernels, not
+    the flags, decide."""
     return _int8_probe() is True
 
 
