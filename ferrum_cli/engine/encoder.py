@@ -70,8 +70,8 @@ def cpu_auto_compute() -> str:
     Instructions do not make a compute faster on every CPU (docs/performance.md), so each one
     this CPU can run as well as float32 is measured once per CPU and torch version, and the
     answer remembered: bfloat16 where it has bfloat16 instructions, int8 where
-    its int8 products sum 8-bit operands exactly (VNNI; AVX2's, with weights held to pairs that
-    16 bits take, read the corpus with two errors more than float32 and are barely faster).
+    its int8 products sum 8-bit operands exactly (VNNI; AVX2's, whose weights are held to what
+    its 16-bit pair sums take, change words: docs/performance.md).
     """
     candidates = _auto_candidates()
     if candidates == ["float32"]:
@@ -113,7 +113,7 @@ def cpu_path() -> dict:
     if "int8" not in measured:
         why += (
             "; int8 products here add pairs of products in 16 bits (no VNNI), so int8 (--compute int8) "
-            "holds each pair of weights within 16 bits, which changes a few words, and auto never picks it"
+            "keeps each pair of weights' sum within +-128, which changes a few words, and auto never picks it"
             if int8_available()
             else "; no int8 products in this torch"
         )

