@@ -41,14 +41,14 @@ def test_an_input_that_fits_one_window_is_read_whole_as_openai_whisper_reads_it(
     silent = np.zeros(20 * SAMPLE_RATE, np.float32)
     late = np.concatenate([quiet, quiet, quiet, speech, quiet])
     planned = plan_whole([short, longer, silent, late], True, VadOptions())
-    (whole, core), (split, _), (nothing, _), (from_speech, late_core) = planned
+    (whole, core, _), (split, _, _), (nothing, _, _), (from_speech, late_core, _) = planned
     assert [(offset, len(samples)) for offset, samples in whole] == [(0.0, len(short))]
     ((offset, samples),) = from_speech  # from the padded speech (0.4 s before it) to the end
     assert 5.5 <= offset <= late_core[0][0] / SAMPLE_RATE and offset * SAMPLE_RATE + len(samples) == len(late)
     assert core[0][0] >= 1.5 * SAMPLE_RATE  # the speech regions stay where the speech is
     assert len(longer) > WINDOW_SAMPLES and len(split) == 2 and split[0][0] > 1.0  # over 30 s: windows of speech
     assert nothing == []  # no speech, no window
-    ((per_stretch, _),) = plan_whole([short], True, VadOptions(), merge=False)
+    ((per_stretch, _, _),) = plan_whole([short], True, VadOptions(), merge=False)
     assert len(per_stretch) == 2  # multilingual mode reads each stretch of speech apart
 
 
@@ -221,3 +221,36 @@ def test_openai_whispers_loop_too_starts_where_speech_begins_seconds_in(executor
             assert result.options["engine"] == "sequential"
             assert result.segments and result.segments[0].start >= lead - 0.05, (lead, name, result.segments)
             assert len(result.segments) == 1, (lead, name, result.segments)  # each sentence read once
+
+
+@needs_corpus
+def test_a_long_input_planned_in_blocks_keeps_vad_frames_for_all_of_it():
+    """Nine minutes of meetings read in four-minute blocks: every block starts on a frame of the
+    input, so the planner's VAD frames cover all of it, and diarization, reading them with its
+    own thresholds, finds the speech its own pass over the audio finds."""
+    from ferrum_cli.audio.constants import VAD_FRAME
+    from ferrum_cli.audio.vad import SpeechFrames, regions_from_probabilities, speech_regions_blockwise
+    from ferrum_cli.post.diarizer import SPEECH
+
+    meetings = [decode_file(corpus(f"diarization/ami_{name}.wav")).samples for name in ("trn00", "dev01", "tst00")]
+    audio = np.concatenate(meetings * 6)  # 9 minutes
+    frames = SpeechFrames()
+    stream = (audio[at : at + 7 * SAMPLE_RATE + 123] for at in range(0, len(audio), 7 * SAMPLE_RATE + 123))
+    list(plan_windows(stream, True, VadOptions(), frames=frames))
+    probabilities = frames.covering(len(audio))
+    assert probabilities is not None and len(probabilities) == -(-len(audio) // VAD_FRAME)
+
+    def seconds(regions):
+        return sum(b - a for a, b in regions) / SAMPLE_RATE
+
+    engines = seconds(regions_from_probabilities(probabilities.tolist(), len(audio), SPEECH, padded=True))
+    own = seconds(speech_regions_blockwise(audio, SPEECH))
+    assert abs(engines - own) <= 0.03 * own, (engines, own)
+
+    missing = SpeechFrames()
+    missing.add(0, probabilities[:100])
+    assert missing.covering(len(audio)) is None  # a reader then runs VAD itself
+    between = SpeechFrames()
+    between.add(0, probabilities[:100])
+    between.add(50 * VAD_FRAME + 7, probabilities[50:])
+    assert between.covering(len(audio)) is None

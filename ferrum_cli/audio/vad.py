@@ -174,9 +174,12 @@ def _regions(probs: list[float], n_samples: int, options: VadOptions, pad_ms: in
     return [(int(s["start"]), int(s["end"])) for s in stamps]
 
 
-def regions_from_probabilities(probs: list[float], n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
-    """The unpadded speech regions of frame probabilities computed already (a live stream's)."""
-    return _regions(probs, n_samples, options, 0)
+def regions_from_probabilities(
+    probs: list[float], n_samples: int, options: VadOptions, padded: bool = False
+) -> list[tuple[int, int]]:
+    """The speech regions of frame probabilities computed already (a live stream's, SpeechFrames'):
+    unpadded, or padded by speech_pad_ms as speech_regions pads them."""
+    return _regions(probs, n_samples, options, options.speech_pad_ms if padded else 0)
 
 
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
@@ -214,11 +217,51 @@ def speech_regions_and_core_many(
     inputs: list[np.ndarray], options: VadOptions | None = None
 ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
     """Per input, its padded regions and the speech itself (no padding), the model run once over all."""
+    return [(regions, core) for regions, core, _ in speech_found_many(inputs, options)]
+
+
+def speech_found_many(
+    inputs: list[np.ndarray], options: VadOptions | None = None
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray]]:
+    """speech_regions_and_core_many, with each input's frame probabilities as well (SpeechFrames
+    keeps them for a later reader of the same audio with thresholds of its own)."""
     options = options or VadOptions()
     return [
-        _padded_and_core(probs, len(samples), options)
+        (*_padded_and_core(probs, len(samples), options), probs)
         for samples, probs in zip(inputs, speech_probabilities_many(inputs))
     ]
+
+
+class SpeechFrames:
+    """Silero's probabilities over a whole input, gathered from the blocks a planner read it in:
+    one per 32 ms frame from its first sample. Only blocks that start on a frame of the input
+    count: a block that starts between two frames reads other stretches of 512 samples, whose
+    probabilities differ (speech edges move by a frame). Where blocks overlap the earlier one's
+    are kept, read with more of the audio before them (Silero reads forwards only)."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self.frames = 0  # frames gathered so far, from the input's first
+        self.on_grid = True  # every block started on a frame of the input
+
+    def add(self, first_sample: int, probs: np.ndarray) -> None:
+        """The probabilities of a block whose first frame starts at first_sample."""
+        first, between = divmod(first_sample, VAD_FRAME)
+        if between or first > self.frames:
+            self.on_grid = False
+        if not self.on_grid:
+            return
+        new = np.asarray(probs[self.frames - first :], np.float32)
+        self._parts.append(new)
+        self.frames += len(new)
+
+    def covering(self, n_samples: int) -> np.ndarray | None:
+        """The probabilities of an input of n_samples; None where the blocks miss some of it or
+        one fell between frames (the reader then runs VAD itself)."""
+        wanted = -(-n_samples // VAD_FRAME)
+        if not self.on_grid or self.frames < wanted:
+            return None
+        return np.concatenate(self._parts)[:wanted] if self._parts else np.zeros(0, np.float32)
 
 
 def _padded_and_core(

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..options import VadOptions
-from .constants import PAUSE_FRAME, SAMPLE_RATE, WINDOW_SAMPLES
+from .constants import PAUSE_FRAME, SAMPLE_RATE, VAD_FRAME, WINDOW_SAMPLES
 from .level import raised_spans
-from .vad import speech_regions_and_core_many
+from .vad import SpeechFrames, speech_found_many
 
 BLOCK = 240 * SAMPLE_RATE  # audio read ahead to plan windows; bounds memory on any length
 LEADING_SILENCE = 2 * SAMPLE_RATE  # more than this before the first padded speech is not read: Whisper misdates past it
@@ -67,18 +67,20 @@ def first_read(regions: list[tuple[int, int]]) -> int:
 
 def _speech(
     buffers: list[np.ndarray], vad: bool, vad_options: VadOptions
-) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """VAD's padded regions and unpadded speech in each buffer; without VAD all sound is speech."""
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray | None]]:
+    """VAD's padded regions, unpadded speech and frame probabilities in each buffer; without VAD
+    all sound is speech, and no probabilities."""
     if vad:
-        return speech_regions_and_core_many(buffers, vad_options)
-    return [([(0, len(b))] if len(b) else [], []) for b in buffers]
+        return speech_found_many(buffers, vad_options)
+    return [([(0, len(b))] if len(b) else [], [], None) for b in buffers]
 
 
 def plan_whole(
     clips: list[np.ndarray], vad: bool, vad_options: VadOptions, merge: bool = True
-) -> list[tuple[list[tuple[float, np.ndarray]], list[tuple[int, int]]]]:
-    """For inputs read whole: the (offset seconds, samples) windows and the unpadded speech regions
-    of each, with one VAD pass over all of them (see vad.speech_probabilities_many).
+) -> list[tuple[list[tuple[float, np.ndarray]], list[tuple[int, int]], np.ndarray | None]]:
+    """For inputs read whole: the (offset seconds, samples) windows, the unpadded speech regions
+    and VAD's frame probabilities (None without VAD) of each, with one VAD pass over all of them
+    (see vad.speech_probabilities_many).
 
     An input of at most 30 s with speech in it is one window to its last sample, as openai-whisper
     reads it, from its first sample unless more than LEADING_SILENCE passes before the speech:
@@ -86,13 +88,13 @@ def plan_whole(
     window opens where the padded speech does, as a long input's would (docs/performance.md).
     """
     planned = []
-    for clip, (regions, core) in zip(clips, _speech(clips, vad, vad_options)):
+    for clip, (regions, core, probs) in zip(clips, _speech(clips, vad, vad_options)):
         if merge and regions and len(clip) <= WINDOW_SAMPLES:
             spans = [(first_read(regions), len(clip))]
         else:
             spans = pack(clip, regions, merge)
         heard = raised_spans(clip, regions if vad else spans)
-        planned.append(([(a / SAMPLE_RATE, heard[a:b]) for a, b in spans], core))
+        planned.append(([(a / SAMPLE_RATE, heard[a:b]) for a, b in spans], core, probs))
     return planned
 
 
@@ -119,12 +121,14 @@ def plan_windows(
     vad_options: VadOptions,
     merge: bool = True,
     speech: list[tuple[int, int]] | None = None,
+    frames: SpeechFrames | None = None,
 ) -> Iterator[tuple[float, np.ndarray]]:
     """(offset seconds, samples) windows of speech of at most 30 s, planned block by block from a stream.
 
     The last window of a block may go on in the next one, so it is carried over unless the
     speech in it ended more than a second before the block did. With VAD, `speech` receives
-    the unpadded speech regions found (absolute sample ranges, overlapping across blocks).
+    the unpadded speech regions found (absolute sample ranges, overlapping across blocks), and
+    `frames` the frame probabilities.
     """
     buffer = np.zeros(0, np.float32)
     offset = 0  # absolute sample index of buffer[0]
@@ -148,9 +152,11 @@ def plan_windows(
         buffer = np.concatenate(parts)
         if len(buffer) == 0:
             return
-        ((regions, core),) = _speech([buffer], vad, vad_options)
+        ((regions, core, probs),) = _speech([buffer], vad, vad_options)
         if speech is not None:
             speech.extend((offset + a, offset + b) for a, b in core)
+        if frames is not None and probs is not None:
+            frames.add(offset, probs)
         windows = pack(buffer, regions, merge)
         keep_from = len(buffer)
         if not exhausted:
@@ -162,4 +168,5 @@ def plan_windows(
         heard = raised_spans(buffer, regions if vad else windows)  # a copy: the carried-over buffer stays as read
         for start, end in windows:
             yield (offset + start) / SAMPLE_RATE, heard[start:end]
+        keep_from -= keep_from % VAD_FRAME  # the next block starts on a frame of the input (vad.SpeechFrames)
         buffer, offset = buffer[keep_from:], offset + keep_from
