@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Transcription:
     peak: float = 0.0  # the input's largest absolute sample, full scale 1.0
     turns: list[SpeakerTurn] = field(default_factory=list)  # with diarization: who spoke when
     name: str | None = None  # the input's name, where a writer needs one (rttm's file id)
+    # VAD's speech probability per 32 ms frame, from the engine to the stage after it (diarization
+    # reads speech with thresholds of its own instead of running VAD again); not written out
+    speech_frames: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def speech(self) -> bool:

@@ -116,6 +116,28 @@ def test_a_count_is_reached_where_the_speech_allows_and_a_warning_says_where_it_
     assert too_many.warnings == [f"{told} speakers told apart where 40 were asked for: too little speech"]
 
 
+def test_the_diarizer_reads_where_speech_is_from_the_engines_vad_pass(executor, monkeypatch):
+    """Silero reads an input once: the engine hands its frame probabilities on, and the diarizer
+    reads them with its own thresholds, finding the speech its own pass would find. Where the
+    engine ran no VAD, the diarizer runs it itself."""
+    from ferrum_cli.audio.ffmpeg import decode_file
+    from ferrum_cli.post import diarizer
+
+    handed, own_passes = [], []
+    diarize, blockwise = diarizer.diarize, diarizer.speech_regions_blockwise
+    monkeypatch.setattr(diarizer, "diarize", lambda *args: handed.append(args[3]) or diarize(*args))
+    monkeypatch.setattr(diarizer, "speech_regions_blockwise", lambda *a: own_passes.append(1) or blockwise(*a))
+    two = corpus(TWO_SPEAKERS)
+    labelled = executor.transcribe(str(two), TranscribeOptions(language="en", diarize=True))
+    assert own_passes == [] and len({t.speaker for t in labelled.turns}) == 2
+    samples = decode_file(two).samples
+    assert diarizer.speech_seconds(samples, handed[0]) == diarizer.speech_seconds(samples)
+
+    own_passes.clear()
+    unheard = executor.transcribe(str(two), TranscribeOptions(language="en", diarize=True, vad=False))
+    assert handed[1] is None and own_passes == [1] and len({t.speaker for t in unheard.turns}) == 2
+
+
 def test_one_speaker_from_stdin_gets_one_label():
     proc = run_ferrum("transcribe", "-", "--diarize", "-f", "txt", "-q", stdin=corpus(JFK).read_bytes())
     assert proc.returncode == 0, proc.stderr

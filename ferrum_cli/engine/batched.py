@@ -15,7 +15,7 @@ import numpy as np
 
 from ..audio.constants import SAMPLE_RATE, TIMESTAMP_SAMPLES, WINDOW_SAMPLES
 from ..audio.live import LiveWindows
-from ..audio.vad import speech_after, speech_regions, speech_within
+from ..audio.vad import SpeechFrames, speech_after, speech_regions, speech_within
 from ..audio.windows import PACK_GAP, plan_whole, plan_windows, side_by_side
 from ..errors import FerrumError
 from ..options import TranscribeOptions, VadOptions
@@ -78,6 +78,7 @@ class Source:
     short: np.ndarray | None = None  # the audio of an input read whole, until its windows are planned
     cancelled: bool = False  # its text, still decoded in a packed window, is dropped
     packed: bool = False  # its text was read in a window shared with other inputs
+    frames: SpeechFrames | None = None  # VAD's probabilities, kept where the request asks for them
 
     @property
     def done(self) -> bool:
@@ -99,6 +100,8 @@ class Source:
         language, probability = (self.language, self.probability) if self.segments else ("und", 0.0)
         result = Transcription(text, self.segments, language, probability, duration, used)
         result.peak = self.counted.peak if self.counted else 0.0
+        if self.frames is not None and self.counted:
+            result.speech_frames = self.frames.covering(self.counted.samples)
         result.warnings.extend(getattr(self.counted.chunks if self.counted else None, "warnings", ()))
         if used["word_timestamps"] and options.task == "translate" and self.segments:  # as openai-whisper warns
             result.warnings.append(
@@ -341,6 +344,8 @@ class BatchedEngine:
         together with that of other short ones; a longer one is planned as it streams."""
         timing = {"word_timestamps": request.word_timestamps, "word_probabilities": request.word_probabilities}
         source = Source(request.key, request.language, live=request.live, **timing)
+        if request.speech_frames and not request.live:
+            source.frames = SpeechFrames()
         try:
             source.counted = CountedChunks(request.open_audio())
             if request.live:
@@ -358,16 +363,18 @@ class BatchedEngine:
             opts = self.options
             merge = not opts.multilingual  # one language per window: regions are not packed together
             chunks = itertools.chain(head, chunks)
-            source.windows = plan_windows(chunks, opts.vad, opts.vad_options, merge, source.speech)
+            source.windows = plan_windows(chunks, opts.vad, opts.vad_options, merge, source.speech, source.frames)
         return source
 
     def _plan_short(self, group: list[Source]) -> list[list[tuple[float, np.ndarray]]]:
         """The windows of inputs read whole, with one VAD pass over them all."""
         opts = self.options
         planned = plan_whole([source.short for source in group], opts.vad, opts.vad_options, not opts.multilingual)
-        for source, (windows, speech) in zip(group, planned):
+        for source, (windows, speech, probs) in zip(group, planned):
+            if source.frames is not None and probs is not None:
+                source.frames.add(0, probs)
             source.windows, source.speech, source.short = iter(windows), speech, None
-        return [windows for windows, _ in planned]
+        return [windows for windows, _, _ in planned]
 
     def _pack(self, group: list[Source], planned: list[list[tuple[float, np.ndarray]]]) -> set[int]:
         """Short inputs of one window each, in a language known beforehand, side by side in shared

@@ -32,6 +32,7 @@ class SourceRequest:
     word_timestamps: bool = False  # time this input's words even if the engine's options do not
     live: bool = False  # audio arriving in real time: each stretch of speech decoded as soon as it ends
     word_probabilities: bool = True  # with word times, each word's probability (False: times only)
+    speech_frames: bool = False  # the result keeps VAD's frame probabilities (for diarization's own reading)
 
 
 @dataclass(frozen=True)

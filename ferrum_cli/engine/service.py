@@ -362,7 +362,13 @@ class EngineService:
             options = ticket.post.engine_options
             opener = ticket.post.tap(ticket.open_audio)
             request = SourceRequest(
-                ticket, opener, options.language, options.word_timestamps, ticket.live, options.word_probabilities
+                ticket,
+                opener,
+                options.language,
+                options.word_timestamps,
+                ticket.live,
+                options.word_probabilities,
+                speech_frames=ticket.post.reads_speech,
             )
             self._engines[key].submit(request)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..audio.constants import SAMPLE_RATE
 from ..audio.spool import release_pages
-from ..audio.vad import speech_regions_blockwise
+from ..audio.vad import regions_from_probabilities, speech_regions_blockwise
 from ..errors import DependencyError
 from ..options import VadOptions
 from ..platform.cpu import cpu_has_native_bf16
@@ -82,12 +82,22 @@ class Diarization:
     voices: dict[int, np.ndarray]  # each speaker's mean embedding (CAM++, 192 values), to match known voices
 
 
-def diarize(samples: np.ndarray, count: SpeakerCount = SpeakerCount(), device: str = "cpu") -> Diarization:
-    """Who spoke when in 16 kHz mono float32 samples."""
-    with _lock:  # one diarizer per device, its clustering set per call
+def diarize(
+    samples: np.ndarray,
+    count: SpeakerCount = SpeakerCount(),
+    device: str = "cpu",
+    speech_frames: np.ndarray | None = None,
+) -> Diarization:
+    """Who spoke when in 16 kHz mono float32 samples. speech_frames: Silero's probability for each
+    32 ms frame of them, where the engine's VAD has read them already; None: read here."""
+    with _lock:  # one diarizer per device, its clustering and its speech set per call
         diarizer = _diarizer(device)
-        with _counted(diarizer, count):
-            found = diarizer.diarize_samples(np.ascontiguousarray(samples, np.float32), 16000)
+        diarizer.speech_frames = speech_frames
+        try:
+            with _counted(diarizer, count):
+                found = diarizer.diarize_samples(np.ascontiguousarray(samples, np.float32), 16000)
+        finally:
+            diarizer.speech_frames = None
     if not found:
         return Diarization([], {})
     names = sorted({s["speaker"] for s in found["raw_segments"]})
@@ -132,10 +142,15 @@ def _diarizer(device: str):
     return _diarizers[device]
 
 
-def speech_seconds(samples: np.ndarray) -> list[tuple[float, float]]:
+def speech_seconds(samples: np.ndarray, frames: np.ndarray | None = None) -> list[tuple[float, float]]:
     """Where the diarizer looks for voices: ferrum's VAD (the batched one the engine runs, several
-    times faster than senko's frame-by-frame pass) with senko's thresholds."""
-    return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in speech_regions_blockwise(samples, SPEECH)]
+    times faster than senko's frame-by-frame pass) with senko's thresholds; from the frame
+    probabilities of the engine's own pass where given."""
+    if frames is not None:
+        regions = regions_from_probabilities(frames.tolist(), len(samples), SPEECH, padded=True)
+    else:
+        regions = speech_regions_blockwise(samples, SPEECH)
+    return [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in regions]
 
 
 def _load(device: str):
@@ -158,8 +173,10 @@ def _load(device: str):
         def _normalize_audio_samples(self, samples, sample_rate):
             return samples  # 16 kHz float32 (diarize); its checks copied an hour whole and refused peaks past ±1
 
+        speech_frames: np.ndarray | None = None  # set by diarize() for one call
+
         def _perform_vad(self, audio_source):
-            return speech_seconds(audio_source)
+            return speech_seconds(audio_source, self.speech_frames)
 
         def _extract_fbank_features(self, audio_source, subsegments, **_):
             return (audio_source, subsegments), [], [], 0  # made a chunk at a time in _generate_embeddings

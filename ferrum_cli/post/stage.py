@@ -52,6 +52,12 @@ class PostProcess:
         return options.diarize
 
     @property
+    def reads_speech(self) -> bool:
+        """Whether a step reads where speech is (diarization of a whole input): the engine then
+        hands on its VAD's frame probabilities, and the step does not run VAD again."""
+        return self.options.diarize and self.live_speakers is None
+
+    @property
     def idle(self) -> bool:
         """No step to run: the engine's result is final."""
         return not self.runs_for(self.options)
@@ -102,8 +108,9 @@ class PostProcess:
         samples = self._spool.samples()
         opts = self.options
         count = diarizer.SpeakerCount(opts.speakers, opts.min_speakers, opts.max_speakers)
-        found = diarizer.diarize(samples, count, self.device)
-        del samples
+        frames, result = result.speech_frames, replace(result, speech_frames=None)
+        found = diarizer.diarize(samples, count, self.device, frames)
+        del samples, frames
         turns = found.turns
         heard = sum(t.end - t.start for t in turns)
         if not result.segments and not turns:
