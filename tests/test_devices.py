@@ -46,6 +46,27 @@ def test_auto_compute_is_measured_once_per_machine_and_remembered(tmp_path, monk
     assert encoder.cpu_auto_compute() == other
 
 
+def test_the_bfloat16_encoders_attention_is_measured_once_per_machine_and_the_encoder_runs_it(tmp_path, monkeypatch):
+    """Head by head or torch's fused kernel: on 2 Zen 5 cores head by head was 2.5x the faster, on
+    this Xeon with AMX the fused kernel 1.4x (docs/performance.md), so it is measured, not assumed."""
+    import numpy as np
+
+    from ferrum_cli.engine.encoder import encode_windows
+    from ferrum_cli.engine.model import FerrumWhisper, ModelDimensions
+
+    monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
+    first = encoder.cpu_attention_by_head()
+    (remembered,) = (tmp_path / "derived").glob("cpu-attention-*.json")
+    assert json.loads(remembered.read_text()) is first
+    remembered.write_text(json.dumps(not first))  # a later run reads the answer, not the clock
+    assert encoder.cpu_attention_by_head() is (not first)
+
+    dims = ModelDimensions(80, 1500, 64, 1, 1, 51865, 448, 64, 1, 1)
+    model = FerrumWhisper(dims).eval()
+    encode_windows(model, [np.zeros(16000, np.float32)], "bfloat16")
+    assert [block.attn.by_head for block in model.encoder.blocks] == [not first]
+
+
 # torch products in bursts on every core, as a build or another model beside ferrum runs them
 BUSY = (
     "import time, torch\na = torch.randn(512, 512)\nwhile True:\n    [a @ a for _ in range(50)]\n    time.sleep(0.003)"

@@ -32,3 +32,21 @@ def test_the_encoder_runs_head_by_head_only_on_a_cpu_in_bfloat16():
             half = attention(x)[0]
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.float(), plain, atol=0.05, rtol=0.05)
+
+
+def test_where_head_by_head_is_not_the_faster_bfloat16_runs_torchs_fused_attention():
+    """Neither is the faster on every CPU (engine.encoder.cpu_attention_by_head measures them)."""
+    from ferrum_cli.engine.model import use_attention_by_head
+
+    torch.manual_seed(0)
+    block = torch.nn.Module()
+    block.attn = attention = EncoderAttention(256, 4).eval()
+    x = torch.randn(1, 1500, 256)
+    use_attention_by_head([block], False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = attention(x)[0]
+        heads = (t(x).view(1, 1500, 4, 64).transpose(1, 2) for t in (attention.query, attention.key, attention.value))
+        expected = attention.out(F.scaled_dot_product_attention(*heads).transpose(1, 2).flatten(2))
+        use_attention_by_head([block], True)
+        by_head = attention(x)[0]
+    assert torch.equal(fused, expected) and not torch.equal(fused, by_head)

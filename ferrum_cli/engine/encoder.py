@@ -23,8 +23,9 @@ if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI sta
     import torch
 
 SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
-MEASURE_VERSION = 5  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one;
-# 5: on one thread, in its own CPU time
+MEASURE_VERSION = 6  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one;
+# 5: on one thread, in its own CPU time; 6: bfloat16 with the attention cpu_attention_by_head chose
+ATTENTION_VERSION = 1  # of the remembered choice of the bfloat16 encoder's attention
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -78,14 +79,54 @@ def cpu_auto_compute() -> str:
         return "float32"
     import hashlib
 
+    from ..weights.cache import remembered
+
+    key = hashlib.sha256(f"{_machine()}|{candidates}".encode()).hexdigest()[:16]
+    answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
+    return answer if answer in candidates else "float32"
+
+
+def _machine() -> str:
+    """What a remembered measurement holds for: this CPU and this torch."""
     import torch
+
+    return f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}"
+
+
+def cpu_attention_by_head() -> bool:
+    """Whether the encoder's self-attention in bfloat16 runs head by head on this CPU, rather than
+    in torch's fused kernel. Neither is the faster on every CPU (docs/performance.md), so both are
+    measured once per CPU and torch version, and the answer remembered; the fused kernel, which
+    rounds less, unless head by head is SPEEDUP_NEEDED times faster."""
+    import hashlib
 
     from ..weights.cache import remembered
 
-    machine = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}"
-    key = hashlib.sha256(f"{machine}|{candidates}".encode()).hexdigest()[:16]
-    answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
-    return answer if answer in candidates else "float32"
+    key = hashlib.sha256(_machine().encode()).hexdigest()[:16]
+    return bool(remembered(f"cpu-attention-{ATTENTION_VERSION}-{key}", _attention_by_head_measured))
+
+
+def _attention_by_head_measured() -> bool:
+    """One layer's attention of base (8 heads, 1500 frames) in bfloat16 each way, on one thread in
+    that thread's CPU time, best of interleaved rounds (as _block_seconds times)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from .model import attention_by_head
+
+    with torch.random.fork_rng(devices=[]):
+        q, k, v = (torch.randn(1, 8, 1500, 64, dtype=torch.bfloat16) for _ in range(3))
+    ways = {"fused": F.scaled_dot_product_attention, "by_head": attention_by_head}
+    best = dict.fromkeys(ways, float("inf"))
+    with torch.no_grad(), single_threaded():
+        for _ in range(3):
+            for name, attend in ways.items():
+                start = time.thread_time()
+                attend(q, k, v)
+                best[name] = min(best[name], time.thread_time() - start)
+    return best["fused"] > SPEEDUP_NEEDED * best["by_head"]
 
 
 def _auto_candidates() -> list[str]:
@@ -121,6 +162,7 @@ def cpu_path() -> dict:
         "instructions": best,
         "torch_kernels": torch.backends.cpu.get_cpu_capability(),  # what ATen dispatches to
         "encoder": encoder,
+        "encoder_attention": "head by head" if encoder == "bfloat16" and cpu_attention_by_head() else "fused",
         "decoder_features": "bfloat16" if encoder == "bfloat16" else str(cpu_feature_dtype()).removeprefix("torch."),
         "int8_kernels": "exact" if int8_sums_exactly() else "16-bit pairs" if int8_available() else None,
         "why": why,
@@ -153,12 +195,14 @@ def _block_seconds(candidates: list[str], rounds: int = 3) -> dict[str, float]:
     import torch
     from whisper.model import ResidualAttentionBlock
 
-    from .model import with_encoder_attention
+    from .model import use_attention_by_head, with_encoder_attention
     from .quantize import int8_layers
 
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         block, x = ResidualAttentionBlock(512, 8).eval(), torch.randn(1, 1500, 512)
     with_encoder_attention([block])
+    if "bfloat16" in candidates:
+        use_attention_by_head([block], cpu_attention_by_head())
     blocks = dict.fromkeys(candidates, block)
     if "int8" in blocks:  # a candidate only where the products sum exactly
         blocks["int8"] = int8_layers(block, pairs_in_16_bits=False)
@@ -196,6 +240,10 @@ def encode_windows(model, windows: list[np.ndarray], compute: str | None = None)
         encoder = int8_encoder(model)
     elif compute is not None:
         dtype = torch_dtype(compute)
+    if dtype == torch.bfloat16 and model.device.type == "cpu":
+        from .model import use_attention_by_head
+
+        use_attention_by_head(encoder.blocks, cpu_attention_by_head())
     step = ENCODER_BATCH if model.device.type == "cpu" else len(windows)
     out = []
     for i in range(0, len(windows), max(step, 1)):

@@ -42,9 +42,10 @@ def attention_by_head(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q k^T / sqrt(d)) v for [batch, heads, frames, d], one head at a time into one
     reused score buffer.
 
-    On a CPU in bfloat16 torch's fused attention is slow for Whisper's shapes, while one head's
-    scores stay in cache between the two products and the softmax (docs/performance.md). In
-    float32 the fused kernel is the faster, so it is used there.
+    On some CPUs (AMD Zen 5) torch's fused attention is slow in bfloat16 for Whisper's shapes,
+    while one head's scores stay in cache between the two products and the softmax; on others
+    (a Xeon with AMX) the fused kernel is the faster, so which runs is measured
+    (docs/performance.md). In float32 the fused kernel is the faster, so it is used there.
     """
     n_batch, n_head, n_frames, width = q.shape
     q = q * width**-0.5
@@ -60,10 +61,13 @@ def attention_by_head(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 class EncoderAttention(MultiHeadAttention):
-    """The encoder's self-attention (no mask), head by head on a CPU in bfloat16."""
+    """The encoder's self-attention (no mask): on a CPU in bfloat16, head by head where that is
+    measured faster than torch's fused kernel (encoder.cpu_attention_by_head)."""
+
+    by_head = True  # on a CPU in bfloat16; set per model by use_attention_by_head
 
     def qkv_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None):
-        if mask is not None or q.device.type != "cpu" or q.dtype != torch.bfloat16:
+        if not self.by_head or mask is not None or q.device.type != "cpu" or q.dtype != torch.bfloat16:
             return super().qkv_attention(q, k, v, mask)
         heads = [t.view(*t.shape[:2], self.n_head, -1).transpose(1, 2) for t in (q, k, v)]
         return attention_by_head(*heads).transpose(1, 2).flatten(start_dim=2), None
@@ -73,6 +77,12 @@ def with_encoder_attention(blocks: Iterable[torch.nn.Module]) -> None:
     """Residual attention blocks of an encoder take EncoderAttention; weights stay as they are."""
     for block in blocks:
         block.attn.__class__ = EncoderAttention
+
+
+def use_attention_by_head(blocks: Iterable[torch.nn.Module], by_head: bool) -> None:
+    """Whether the encoder's attention runs head by head on a CPU in bfloat16, or fused."""
+    for block in blocks:
+        block.attn.by_head = by_head
 
 
 class FerrumWhisper(Whisper):
