@@ -46,9 +46,10 @@ def test_auto_compute_is_measured_once_per_machine_and_remembered(tmp_path, monk
     assert encoder.cpu_auto_compute() == other
 
 
-def test_the_bfloat16_encoders_attention_is_measured_once_per_machine_and_the_encoder_runs_it(tmp_path, monkeypatch):
-    """Head by head or torch's fused kernel: on 2 Zen 5 cores head by head was 2.5x the faster, on
-    this Xeon with AMX the fused kernel 1.4x (docs/performance.md), so it is measured, not assumed."""
+def test_the_bfloat16_attention_is_measured_once_per_machine_and_the_model_runs_it(tmp_path, monkeypatch):
+    """Head by head or torch's fused kernel in the encoder, two products or the fused kernel in
+    the decoder's cross-attention: on 2 Zen 5 cores the first of each was the faster, on this
+    Xeon with AMX the fused ones (docs/performance.md), so it is measured, not assumed."""
     import numpy as np
 
     from ferrum_cli.engine.encoder import encode_windows
@@ -65,6 +66,16 @@ def test_the_bfloat16_encoders_attention_is_measured_once_per_machine_and_the_en
     model = FerrumWhisper(dims).eval()
     encode_windows(model, [np.zeros(16000, np.float32)], "bfloat16")
     assert [block.attn.by_head for block in model.encoder.blocks] == [not first]
+
+    from ferrum_cli.engine.decoding import StaticCacheInference
+
+    two_products = encoder.cpu_cross_attention_in_two_products()  # the decoder's, over bfloat16 features
+    (remembered,) = (tmp_path / "derived").glob("cpu-cross-attention-*.json")
+    remembered.write_text(json.dumps(not two_products))
+    with torch.no_grad():
+        inference = StaticCacheInference(model, initial_token_length=3, sot_index=0, cache_dtype=torch.bfloat16)
+        inference.logits(torch.tensor([[50258, 50259, 50359]]), torch.randn(1, 1500, 64))
+    assert inference.two_products is (not two_products)
 
 
 # torch products in bursts on every core, as a build or another model beside ferrum runs them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI sta
 SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
 MEASURE_VERSION = 6  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one;
 # 5: on one thread, in its own CPU time; 6: bfloat16 with the attention cpu_attention_by_head chose
-ATTENTION_VERSION = 1  # of the remembered choice of the bfloat16 encoder's attention
+ATTENTION_VERSION = 1  # of the remembered choices of the bfloat16 attentions (encoder, cross-attention)
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -98,12 +99,46 @@ def cpu_attention_by_head() -> bool:
     in torch's fused kernel. Neither is the faster on every CPU (docs/performance.md), so both are
     measured once per CPU and torch version, and the answer remembered; the fused kernel, which
     rounds less, unless head by head is SPEEDUP_NEEDED times faster."""
+    return _measured_once("cpu-attention", _attention_by_head_measured)
+
+
+def _measured_once(name: str, measure: Callable[[], bool]) -> bool:
+    """measure()'s answer for this CPU and torch, measured once and remembered in the cache."""
     import hashlib
 
     from ..weights.cache import remembered
 
     key = hashlib.sha256(_machine().encode()).hexdigest()[:16]
-    return bool(remembered(f"cpu-attention-{ATTENTION_VERSION}-{key}", _attention_by_head_measured))
+    return bool(remembered(f"{name}-{ATTENTION_VERSION}-{key}", measure))
+
+
+def cpu_cross_attention_in_two_products() -> bool:
+    """Whether the decoder's cross-attention over bfloat16 features runs as two products on this
+    CPU, rather than torch's fused kernel (decoding._attend_features): measured once per CPU and
+    torch version, as cpu_attention_by_head is, and the fused kernel, which rounds less (its
+    softmax weights stay in float32), kept unless the two products are SPEEDUP_NEEDED times faster."""
+    return _measured_once("cpu-cross-attention", _cross_attention_measured)
+
+
+def _cross_attention_measured() -> bool:
+    """Twelve rows' cross-attention of base (8 queries over 1500 frames of width 512) in bfloat16
+    each way, on one thread in that thread's CPU time, best of interleaved rounds."""
+    import time
+
+    import torch
+
+    from .decoding import _attend_features
+
+    with torch.random.fork_rng(devices=[]):
+        queries, features = torch.randn(12, 8, 512, dtype=torch.bfloat16), torch.randn(12, 1500, 512).bfloat16()
+    best = {False: float("inf"), True: float("inf")}
+    with torch.no_grad(), single_threaded():
+        for _ in range(3):
+            for two_products in best:
+                start = time.thread_time()
+                _attend_features(queries, features, two_products)
+                best[two_products] = min(best[two_products], time.thread_time() - start)
+    return best[False] > SPEEDUP_NEEDED * best[True]
 
 
 def _attention_by_head_measured() -> bool:
@@ -141,6 +176,7 @@ def cpu_path() -> dict:
     named = [("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")]
     best = next((name for flag, name in named if flag in flags), "below AVX2")
     encoder = cpu_auto_compute()
+    in_bfloat16 = encoder == "bfloat16"  # its attention, and the decoder's over its features, are measured too
     measured = [c for c in _auto_candidates() if c != "float32"]
     if encoder != "float32":
         why = (
@@ -162,7 +198,8 @@ def cpu_path() -> dict:
         "instructions": best,
         "torch_kernels": torch.backends.cpu.get_cpu_capability(),  # what ATen dispatches to
         "encoder": encoder,
-        "encoder_attention": "head by head" if encoder == "bfloat16" and cpu_attention_by_head() else "fused",
+        "encoder_attention": "head by head" if in_bfloat16 and cpu_attention_by_head() else "fused",
+        "cross_attention": "two products" if in_bfloat16 and cpu_cross_attention_in_two_products() else "fused",
         "decoder_features": "bfloat16" if encoder == "bfloat16" else str(cpu_feature_dtype()).removeprefix("torch."),
         "int8_kernels": "exact" if int8_sums_exactly() else "16-bit pairs" if int8_available() else None,
         "why": why,
