@@ -355,16 +355,16 @@ def test_rows_that_leave_the_batch_leave_the_others_as_if_decoded_alone(cache_dt
 @pytest.mark.parametrize("two_products", [False, True])
 def test_bfloat16_features_are_attended_to_alike_alone_and_in_any_batch(two_products):
     """Both ways of the cross-attention over bfloat16 features (the faster is measured per CPU:
-    encoder.cpu_cross_attention_in_two_products) give a row the same numbers whatever shares its
+    attention.cpu_cross_attention_in_two_products) give a row the same numbers whatever shares its
     batch. torch's fused kernel keeps the softmax weights in float32; the two products round them."""
-    from ferrum_cli.engine.decoding import _attend_features
+    from ferrum_cli.engine.attention import attend_features
 
     torch.manual_seed(0)
     queries, features = torch.randn(13, 8, 512), torch.randn(13, 1500, 512) * 0.05
     exact = F.scaled_dot_product_attention(queries[:, None], features[:, None], features[:, None], scale=1.0)[:, 0]
-    half = _attend_features(queries.bfloat16(), features.bfloat16(), two_products)
+    half = attend_features(queries.bfloat16(), features.bfloat16(), two_products)
     alone = [
-        _attend_features(queries[i : i + 1].bfloat16(), features[i : i + 1].bfloat16(), two_products) for i in range(13)
+        attend_features(queries[i : i + 1].bfloat16(), features[i : i + 1].bfloat16(), two_products) for i in range(13)
     ]
     assert torch.equal(half, torch.cat(alone))
     assert ((half.float() - exact).norm() / exact.norm()).item() < (0.05 if two_products else 0.005)

@@ -13,7 +13,7 @@ from functools import cache
 import pytest
 import torch
 
-from ferrum_cli.engine import encoder
+from ferrum_cli.engine import attention, encoder
 from ferrum_cli.engine.quantize import Int8Linear
 from ferrum_cli.options import TranscribeOptions
 from ferrum_cli.platform.cpu import int8_available, int8_sums_exactly, usable_cpus
@@ -56,11 +56,11 @@ def test_the_bfloat16_attention_is_measured_once_per_machine_and_the_model_runs_
     from ferrum_cli.engine.model import FerrumWhisper, ModelDimensions
 
     monkeypatch.setenv("FERRUM_CACHE_DIR", str(tmp_path))
-    first = encoder.cpu_attention_by_head()
+    first = attention.cpu_attention_by_head()
     (remembered,) = (tmp_path / "derived").glob("cpu-attention-*.json")
     assert json.loads(remembered.read_text()) is first
     remembered.write_text(json.dumps(not first))  # a later run reads the answer, not the clock
-    assert encoder.cpu_attention_by_head() is (not first)
+    assert attention.cpu_attention_by_head() is (not first)
 
     dims = ModelDimensions(80, 1500, 64, 1, 1, 51865, 448, 64, 1, 1)
     model = FerrumWhisper(dims).eval()
@@ -69,7 +69,7 @@ def test_the_bfloat16_attention_is_measured_once_per_machine_and_the_model_runs_
 
     from ferrum_cli.engine.decoding import StaticCacheInference
 
-    two_products = encoder.cpu_cross_attention_in_two_products()  # the decoder's, over bfloat16 features
+    two_products = attention.cpu_cross_attention_in_two_products()  # the decoder's, over bfloat16 features
     (remembered,) = (tmp_path / "derived").glob("cpu-cross-attention-*.json")
     remembered.write_text(json.dumps(not two_products))
     with torch.no_grad():

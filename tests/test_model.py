@@ -35,7 +35,7 @@ def test_the_encoder_runs_head_by_head_only_on_a_cpu_in_bfloat16():
 
 
 def test_where_head_by_head_is_not_the_faster_bfloat16_runs_torchs_fused_attention():
-    """Neither is the faster on every CPU (engine.encoder.cpu_attention_by_head measures them)."""
+    """Neither is the faster on every CPU (engine.attention.cpu_attention_by_head measures them)."""
     from ferrum_cli.engine.model import use_attention_by_head
 
     torch.manual_seed(0)

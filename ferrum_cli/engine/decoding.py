@@ -30,6 +30,7 @@ from whisper.decoding import (
 from whisper.utils import compression_ratio
 
 from ..platform.cpu import half_products_available
+from .attention import attend_features, features_in_two_products
 from .derived import derive_ahead, derived
 
 
@@ -119,7 +120,7 @@ class StaticCacheInference:
             else:
                 self.half_features = [HalfFeatures(row) for row in windows]
         self.features = None if self.half_features is not None else windows.to(self.cache_dtype)
-        self.two_products = self.features is not None and _features_in_two_products(self.features)
+        self.two_products = self.features is not None and features_in_two_products(self.features)
         self.owns_features = self.features is not audio_features  # not the caller's: keep_rows may write in it
         shape = (len(decoder.blocks), n_batch, n_head, n_ctx, width // n_head)
         self.self_k = torch.empty(shape, dtype=self.dtype, device=audio_features.device)
@@ -136,7 +137,7 @@ class StaticCacheInference:
         if self.half_features is not None:
             mixed = torch.stack([row.attend(queries) for row, queries in zip(self.half_features, folded)])
         else:
-            mixed = _attend_features(folded.to(self.cache_dtype), self.features, self.two_products).to(self.dtype)
+            mixed = attend_features(folded.to(self.cache_dtype), self.features, self.two_products).to(self.dtype)
         out = _folded(mixed.view(n_batch, n_head, n_tokens, -1), value, bias[:, None])  # [..., head width]
         return out.transpose(1, 2).flatten(2)
 
@@ -277,34 +278,6 @@ def _self_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         n = q.shape[-2]
         scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -torch.inf)
     return torch.softmax(scores, dim=-1) @ v
-
-
-def _features_in_two_products(features: Tensor) -> bool:
-    """Whether bfloat16 features on a CPU are attended to in two products rather than torch's
-    fused kernel: measured per CPU (encoder.cpu_cross_attention_in_two_products)."""
-    if features.device.type != "cpu" or features.dtype != torch.bfloat16:
-        return False
-    from .encoder import cpu_cross_attention_in_two_products
-
-    return cpu_cross_attention_in_two_products()
-
-
-def _attend_features(queries: Tensor, features: Tensor, two_products: bool = False) -> Tensor:
-    """softmax(queries features^T) features, for [batch, queries, width] and [batch, frames, width].
-
-    Every head attends over the same features. One fused attention call with the heads as queries
-    reads them once; in bfloat16 on some CPUs that kernel is slow for 8 queries, and two products
-    (two_products) are the faster there (docs/performance.md). Their second, a sum over 1500
-    frames, is taken row by row: oneDNN's batched bfloat16 product rounds a row differently at
-    some batch sizes than alone, and a window's text must not depend on its batch.
-    """
-    if two_products:
-        weights = torch.softmax(torch.bmm(queries, features.transpose(1, 2)), dim=-1)
-        mixed = torch.empty(queries.shape[0], queries.shape[1], features.shape[2], dtype=features.dtype)
-        for row in range(queries.shape[0]):
-            torch.mm(weights[row], features[row], out=mixed[row])
-        return mixed
-    return F.scaled_dot_product_attention(queries[:, None], features[:, None], features[:, None], scale=1.0)[:, 0]
 
 
 def _projection(model, dtype: torch.dtype) -> Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,20 +12,18 @@ from ..options import COMPUTES, TranscribeOptions
 from ..platform.cpu import (
     cpu_flags,
     cpu_has_native_bf16,
-    cpu_name,
     half_products_available,
     int8_available,
     int8_sums_exactly,
     single_threaded,
 )
+from .attention import SPEEDUP_NEEDED, cpu_attention_by_head, cpu_cross_attention_in_two_products, machine_key
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
     import torch
 
-SPEEDUP_NEEDED = 1.1  # bfloat16 and int8 round the encoder's products: worth it only when clearly faster
 MEASURE_VERSION = 6  # of the remembered timing; 3: int8 measured too; 4: each path against the more exact one;
 # 5: on one thread, in its own CPU time; 6: bfloat16 with the attention cpu_attention_by_head chose
-ATTENTION_VERSION = 1  # of the remembered choices of the bfloat16 attentions (encoder, cross-attention)
 ENCODER_BATCH = 1  # windows per encoder pass on a CPU: one window's activations are reused from the heap
 
 
@@ -82,86 +79,9 @@ def cpu_auto_compute() -> str:
 
     from ..weights.cache import remembered
 
-    key = hashlib.sha256(f"{_machine()}|{candidates}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{machine_key()}|{candidates}".encode()).hexdigest()[:16]
     answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
     return answer if answer in candidates else "float32"
-
-
-def _machine() -> str:
-    """What a remembered measurement holds for: this CPU and this torch."""
-    import torch
-
-    return f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}"
-
-
-def cpu_attention_by_head() -> bool:
-    """Whether the encoder's self-attention in bfloat16 runs head by head on this CPU, rather than
-    in torch's fused kernel. Neither is the faster on every CPU (docs/performance.md), so both are
-    measured once per CPU and torch version, and the answer remembered; the fused kernel, which
-    rounds less, unless head by head is SPEEDUP_NEEDED times faster."""
-    return _measured_once("cpu-attention", _attention_by_head_measured)
-
-
-def _measured_once(name: str, measure: Callable[[], bool]) -> bool:
-    """measure()'s answer for this CPU and torch, measured once and remembered in the cache."""
-    import hashlib
-
-    from ..weights.cache import remembered
-
-    key = hashlib.sha256(_machine().encode()).hexdigest()[:16]
-    return bool(remembered(f"{name}-{ATTENTION_VERSION}-{key}", measure))
-
-
-def cpu_cross_attention_in_two_products() -> bool:
-    """Whether the decoder's cross-attention over bfloat16 features runs as two products on this
-    CPU, rather than torch's fused kernel (decoding._attend_features): measured once per CPU and
-    torch version, as cpu_attention_by_head is, and the fused kernel, which rounds less (its
-    softmax weights stay in float32), kept unless the two products are SPEEDUP_NEEDED times faster."""
-    return _measured_once("cpu-cross-attention", _cross_attention_measured)
-
-
-def _cross_attention_measured() -> bool:
-    """Twelve rows' cross-attention of base (8 queries over 1500 frames of width 512) in bfloat16
-    each way, on one thread in that thread's CPU time, best of interleaved rounds."""
-    import time
-
-    import torch
-
-    from .decoding import _attend_features
-
-    with torch.random.fork_rng(devices=[]):
-        queries, features = torch.randn(12, 8, 512, dtype=torch.bfloat16), torch.randn(12, 1500, 512).bfloat16()
-    best = {False: float("inf"), True: float("inf")}
-    with torch.no_grad(), single_threaded():
-        for _ in range(3):
-            for two_products in best:
-                start = time.thread_time()
-                _attend_features(queries, features, two_products)
-                best[two_products] = min(best[two_products], time.thread_time() - start)
-    return best[False] > SPEEDUP_NEEDED * best[True]
-
-
-def _attention_by_head_measured() -> bool:
-    """One layer's attention of base (8 heads, 1500 frames) in bfloat16 each way, on one thread in
-    that thread's CPU time, best of interleaved rounds (as _block_seconds times)."""
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    from .model import attention_by_head
-
-    with torch.random.fork_rng(devices=[]):
-        q, k, v = (torch.randn(1, 8, 1500, 64, dtype=torch.bfloat16) for _ in range(3))
-    ways = {"fused": F.scaled_dot_product_attention, "by_head": attention_by_head}
-    best = dict.fromkeys(ways, float("inf"))
-    with torch.no_grad(), single_threaded():
-        for _ in range(3):
-            for name, attend in ways.items():
-                start = time.thread_time()
-                attend(q, k, v)
-                best[name] = min(best[name], time.thread_time() - start)
-    return best["fused"] > SPEEDUP_NEEDED * best["by_head"]
 
 
 def _auto_candidates() -> list[str]:

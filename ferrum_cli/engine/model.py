@@ -11,6 +11,7 @@ from whisper.model import ModelDimensions, MultiHeadAttention, TextDecoder, Whis
 
 from ..errors import ModelIntegrityError
 from ..weights.checkpoints import Weights
+from .attention import attention_by_head
 
 
 class PositionalTextDecoder(TextDecoder):
@@ -38,31 +39,9 @@ class PositionalTextDecoder(TextDecoder):
         return (x @ torch.transpose(self.token_embedding.weight.to(x.dtype), 0, 1)).float()
 
 
-def attention_by_head(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v for [batch, heads, frames, d], one head at a time into one
-    reused score buffer.
-
-    On some CPUs (AMD Zen 5) torch's fused attention is slow in bfloat16 for Whisper's shapes,
-    while one head's scores stay in cache between the two products and the softmax; on others
-    (a Xeon with AMX) the fused kernel is the faster, so which runs is measured
-    (docs/performance.md). In float32 the fused kernel is the faster, so it is used there.
-    """
-    n_batch, n_head, n_frames, width = q.shape
-    q = q * width**-0.5
-    out = torch.empty(q.shape, dtype=q.dtype)
-    scores = torch.empty(n_frames, k.shape[2], dtype=q.dtype)
-    with torch.autocast("cpu", enabled=False):  # the inputs are in their dtype already; out= needs that
-        for b in range(n_batch):
-            for h in range(n_head):
-                torch.matmul(q[b, h], k[b, h].transpose(0, 1), out=scores)
-                torch.softmax(scores, dim=-1, out=scores)
-                torch.matmul(scores, v[b, h], out=out[b, h])
-    return out
-
-
 class EncoderAttention(MultiHeadAttention):
     """The encoder's self-attention (no mask): on a CPU in bfloat16, head by head where that is
-    measured faster than torch's fused kernel (encoder.cpu_attention_by_head)."""
+    measured faster than torch's fused kernel (attention.cpu_attention_by_head)."""
 
     by_head = True  # on a CPU in bfloat16; set per model by use_attention_by_head
 
