@@ -185,7 +185,7 @@ def regions_from_probabilities(
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech, padded by speech_pad_ms on each side."""
     options = options or VadOptions()
-    return _regions(speech_probabilities(samples).tolist(), len(samples), options, options.speech_pad_ms)
+    return regions_from_probabilities(speech_probabilities(samples).tolist(), len(samples), options, padded=True)
 
 
 def speech_regions_and_core(
@@ -210,7 +210,7 @@ def speech_regions_blockwise(
         first = (start - lo) // VAD_FRAME
         probs.append(frames[first : first + -(-min(block, len(samples) - start) // VAD_FRAME)])
     frames = np.concatenate(probs).tolist() if probs else []
-    return _regions(frames, len(samples), options, options.speech_pad_ms)
+    return regions_from_probabilities(frames, len(samples), options, padded=True)
 
 
 def speech_regions_and_core_many(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..platform.cpu import cpu_flags, cpu_name, single_threaded
@@ -76,8 +77,10 @@ def attend_features(queries: Tensor, features: Tensor, two_products: bool = Fals
     return F.scaled_dot_product_attention(queries[:, None], features[:, None], features[:, None], scale=1.0)[:, 0]
 
 
+@lru_cache(maxsize=1)
 def machine_key() -> str:
-    """What a remembered measurement holds for: this CPU and this torch."""
+    """What a remembered measurement holds for: this CPU and this torch (read once: /proc/cpuinfo
+    grows with the cores, and the choices are looked up per decoding batch)."""
     import torch
 
     return f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}"
@@ -109,35 +112,41 @@ def cpu_cross_attention_in_two_products() -> bool:
 
 def _cross_attention_measured() -> bool:
     """Twelve rows' cross-attention of base (8 queries over 1500 frames of width 512) in bfloat16
-    each way, on one thread in that thread's CPU time, best of interleaved rounds."""
+    each way (best_thread_seconds)."""
     import torch
 
     with torch.random.fork_rng(devices=[]):
         queries, features = torch.randn(12, 8, 512, dtype=torch.bfloat16), torch.randn(12, 1500, 512).bfloat16()
-    best = {False: float("inf"), True: float("inf")}
-    with torch.no_grad(), single_threaded():
-        for _ in range(3):
-            for two_products in best:
-                start = time.thread_time()
-                attend_features(queries, features, two_products)
-                best[two_products] = min(best[two_products], time.thread_time() - start)
-    return best[False] > SPEEDUP_NEEDED * best[True]
+    seconds = best_thread_seconds(
+        {"fused": lambda: attend_features(queries, features), "two": lambda: attend_features(queries, features, True)}
+    )
+    return seconds["fused"] > SPEEDUP_NEEDED * seconds["two"]
 
 
 def _attention_by_head_measured() -> bool:
-    """One layer's attention of base (8 heads, 1500 frames) in bfloat16 each way, on one thread in
-    that thread's CPU time, best of interleaved rounds (as encoder._block_seconds times)."""
+    """One layer's attention of base (8 heads, 1500 frames) in bfloat16 each way (best_thread_seconds)."""
     import torch
     import torch.nn.functional as F
 
     with torch.random.fork_rng(devices=[]):
         q, k, v = (torch.randn(1, 8, 1500, 64, dtype=torch.bfloat16) for _ in range(3))
-    ways = {"fused": F.scaled_dot_product_attention, "by_head": attention_by_head}
+    seconds = best_thread_seconds(
+        {"fused": lambda: F.scaled_dot_product_attention(q, k, v), "by_head": lambda: attention_by_head(q, k, v)}
+    )
+    return seconds["fused"] > SPEEDUP_NEEDED * seconds["by_head"]
+
+
+def best_thread_seconds(ways: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:
+    """Each way's seconds, best of interleaved rounds, timed on one thread in that thread's own CPU
+    time: what other processes run does not count, where wall time on every thread let a busy
+    machine pick a slower path, which was then remembered (docs/performance.md)."""
+    import torch
+
     best = dict.fromkeys(ways, float("inf"))
     with torch.no_grad(), single_threaded():
-        for _ in range(3):
-            for name, attend in ways.items():
+        for _ in range(rounds):
+            for name, way in ways.items():
                 start = time.thread_time()
-                attend(q, k, v)
+                way()
                 best[name] = min(best[name], time.thread_time() - start)
-    return best["fused"] > SPEEDUP_NEEDED * best["by_head"]
+    return best

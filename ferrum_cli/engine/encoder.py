@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,9 +16,14 @@ from ..platform.cpu import (
     half_products_available,
     int8_available,
     int8_sums_exactly,
-    single_threaded,
 )
-from .attention import SPEEDUP_NEEDED, cpu_attention_by_head, cpu_cross_attention_in_two_products, machine_key
+from .attention import (
+    SPEEDUP_NEEDED,
+    best_thread_seconds,
+    cpu_attention_by_head,
+    cpu_cross_attention_in_two_products,
+    machine_key,
+)
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
     import torch
@@ -142,13 +148,9 @@ def _pick(seconds: dict[str, float], speedup_needed: float = SPEEDUP_NEEDED) -> 
     return chosen
 
 
-def _block_seconds(candidates: list[str], rounds: int = 3) -> dict[str, float]:
+def _block_seconds(candidates: list[str]) -> dict[str, float]:
     """CPU seconds of one encoder block of base (1500 frames, width 512) in each candidate, as
-    the encoder runs it, best of interleaved rounds. Timed on one thread in that thread's own CPU
-    time: what other processes run does not count, where wall time on every thread let a busy
-    machine pick a slower path, which was then remembered (docs/performance.md)."""
-    import time
-
+    the encoder runs it (attention.best_thread_seconds)."""
     import torch
     from whisper.model import ResidualAttentionBlock
 
@@ -163,15 +165,12 @@ def _block_seconds(candidates: list[str], rounds: int = 3) -> dict[str, float]:
     blocks = dict.fromkeys(candidates, block)
     if "int8" in blocks:  # a candidate only where the products sum exactly
         blocks["int8"] = int8_layers(block, pairs_in_16_bits=False)
-    best = dict.fromkeys(candidates, float("inf"))
-    with torch.no_grad(), single_threaded():
-        for _ in range(rounds):
-            for compute in candidates:
-                start = time.thread_time()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == "bfloat16"):
-                    blocks[compute](x)
-                best[compute] = min(best[compute], time.thread_time() - start)
-    return best
+
+    def run(compute: str) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == "bfloat16"):
+            blocks[compute](x)
+
+    return best_thread_seconds({compute: partial(run, compute) for compute in candidates})
 
 
 def _stft_long(samples: np.ndarray, n_fft: int) -> np.ndarray:
