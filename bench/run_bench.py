@@ -561,8 +561,6 @@ def main() -> None:
             continue
         op, bound = targets.get(key, ("", None))
         met = "" if bound is None else ("yes" if (value >= bound if op == ">=" else value <= bound) else "NO")
-        if isinstance(value, bool):
-            met = "yes" if value else "NO"
         summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
     console.print(summary)
     RESULTS.mkdir(parents=True, exist_ok=True)
