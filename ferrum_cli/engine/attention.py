@@ -96,10 +96,16 @@ def cpu_attention_by_head() -> bool:
 
 def _measured_once(name: str, measure: Callable[[], bool]) -> bool:
     """measure()'s answer for this CPU and torch, measured once and remembered in the cache."""
+    return bool(remembered_for_machine(f"{name}-{ATTENTION_VERSION}", measure))
+
+
+def remembered_for_machine(name: str, measure: Callable[[], object], detail: str = ""):
+    """measure()'s JSON answer for this CPU and torch (and `detail`, what else it depends on),
+    measured once and remembered in the cache under name and a hash of them."""
     from ..weights.cache import remembered
 
-    key = hashlib.sha256(machine_key().encode()).hexdigest()[:16]
-    return bool(remembered(f"{name}-{ATTENTION_VERSION}-{key}", measure))
+    key = hashlib.sha256("|".join(filter(None, (machine_key(), detail))).encode()).hexdigest()[:16]
+    return remembered(f"{name}-{key}", measure)
 
 
 def cpu_cross_attention_in_two_products() -> bool:

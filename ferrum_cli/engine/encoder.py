@@ -22,7 +22,7 @@ from .attention import (
     best_thread_seconds,
     cpu_attention_by_head,
     cpu_cross_attention_in_two_products,
-    machine_key,
+    remembered_for_machine,
 )
 
 if TYPE_CHECKING:  # torch is imported where the model runs, so that the CLI starts before it loads
@@ -81,12 +81,7 @@ def cpu_auto_compute() -> str:
     candidates = _auto_candidates()
     if candidates == ["float32"]:
         return "float32"
-    import hashlib
-
-    from ..weights.cache import remembered
-
-    key = hashlib.sha256(f"{machine_key()}|{candidates}".encode()).hexdigest()[:16]
-    answer = remembered(f"cpu-compute-{MEASURE_VERSION}-{key}", lambda: _fastest(candidates))
+    answer = remembered_for_machine(f"cpu-compute-{MEASURE_VERSION}", lambda: _fastest(candidates), str(candidates))
     return answer if answer in candidates else "float32"
 
 
