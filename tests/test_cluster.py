@@ -114,7 +114,7 @@ def test_a_worker_killed_mid_run_has_its_files_done_by_another_and_a_bad_file_fa
     out = tmp_path / "out"
     driver = subprocess.Popen(
         [FERRUM, "transcribe", *inputs, "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1",
-         "--cluster", cluster],
+         "-m", "tiny.en", "--cluster", cluster],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -145,7 +145,8 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
         for clip in clips("en"):
             shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")  # copies: the same file twice is one input
     out = tmp_path / "out"
-    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "--cluster", cluster]
+    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "-m", "tiny.en"]
+    args += ["--cluster", cluster]  # tiny.en: what is tested is the run's end and its resumption
     driver = subprocess.Popen(
         [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=as_from_a_terminal,
@@ -180,7 +181,8 @@ def test_workers_that_stop_answering_end_the_run_in_bounded_time_and_skip_existi
         for clip in clips("en"):
             shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")
     out = tmp_path / "out"
-    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "--cluster", cluster]
+    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "-m", "tiny.en"]
+    args += ["--cluster", cluster]  # tiny.en: what is tested is the run's end and its resumption
     env = {**os.environ, "FERRUM_CLUSTER_STALL_SECONDS": "5"}
     driver = subprocess.Popen(
         [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
