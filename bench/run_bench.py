@@ -560,7 +560,8 @@ def main() -> None:
         if value is None:
             continue
         op, bound = targets.get(key, ("", None))
-        met = "" if bound is None else ("yes" if (value >= bound if op == ">=" else value <= bound) else "NO")
+        holds = {">=": value >= bound, "<=": value <= bound, "<": value < bound} if bound is not None else {}
+        met = "" if bound is None else ("yes" if holds[op] else "NO")
         summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
     console.print(summary)
     RESULTS.mkdir(parents=True, exist_ok=True)
