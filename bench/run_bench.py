@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import platform
 import shlex
@@ -58,6 +59,7 @@ from common import (
 AS_AVX2 = CORPUS.parent / "bench" / "as_avx2.sh"  # runs a command as on a CPU with AVX2 and nothing newer
 ONLY_FILES = os.environ.get("BENCH_ONLY") == "files"  # transcribing files alone: what fits a short GPU lease
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))  # runs of each system per scenario; the best time counts
+TARGET_TESTS = {">=": operator.ge, "<=": operator.le, "<": operator.lt}  # how the summary judges a target (op, bound)
 
 
 def build_models(work: Path, with_ct2: bool) -> dict:
@@ -560,8 +562,7 @@ def main() -> None:
         if value is None:
             continue
         op, bound = targets.get(key, ("", None))
-        holds = {">=": value >= bound, "<=": value <= bound, "<": value < bound} if bound is not None else {}
-        met = "" if bound is None else ("yes" if holds[op] else "NO")
+        met = "" if bound is None else ("yes" if TARGET_TESTS[op](value, bound) else "NO")
         summary.add_row(key, str(value), f"{op} {bound}" if bound is not None else "", met)
     console.print(summary)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -137,16 +137,23 @@ def test_a_worker_killed_mid_run_has_its_files_done_by_another_and_a_bad_file_fa
             assert json.loads(data)["text"]
 
 
-@needs_corpus
-def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resumes(cluster, tmp_path):
+def _twenty_four_files(tmp_path: Path, cluster: str) -> tuple[Path, list[str]]:
+    """(the output folder, transcribe's arguments) for a folder of the English clips twice over,
+    as copies: the same file twice is one input. tiny.en: what is tested is how the run ends and
+    resumes, not base's words."""
     folder = tmp_path / "talks"
     folder.mkdir()
-    for copy in range(2):  # 24 files: the run is still going when it is interrupted
+    for copy in range(2):
         for clip in clips("en"):
-            shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")  # copies: the same file twice is one input
+            shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")
     out = tmp_path / "out"
-    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "-m", "tiny.en"]
-    args += ["--cluster", cluster]  # tiny.en: what is tested is the run's end and its resumption
+    return out, [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "-m", "tiny.en",
+                 "--cluster", cluster]  # fmt: skip
+
+
+@needs_corpus
+def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resumes(cluster, tmp_path):
+    out, args = _twenty_four_files(tmp_path, cluster)  # the run is still going when it is interrupted
     driver = subprocess.Popen(
         [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=as_from_a_terminal,
@@ -175,14 +182,7 @@ def test_ctrl_c_keeps_finished_outputs_leaves_no_worker_and_skip_existing_resume
 def test_workers_that_stop_answering_end_the_run_in_bounded_time_and_skip_existing_resumes(cluster, tmp_path):
     """A run whose head node went down waited 30 minutes and more. Here every worker is frozen
     (SIGSTOP) mid-run: the cluster is up, the workers hold their CPUs, and nothing comes back."""
-    folder = tmp_path / "talks"
-    folder.mkdir()
-    for copy in range(2):  # 24 files: more than the 16 two workers have in flight
-        for clip in clips("en"):
-            shutil.copy(clip, folder / f"{copy}_{Path(clip).name}")
-    out = tmp_path / "out"
-    args = [str(folder), "-o", str(out), "-f", "txt", "-f", "json", "--threads", "1", "-m", "tiny.en"]
-    args += ["--cluster", cluster]  # tiny.en: what is tested is the run's end and its resumption
+    out, args = _twenty_four_files(tmp_path, cluster)  # more than the 16 two workers have in flight
     env = {**os.environ, "FERRUM_CLUSTER_STALL_SECONDS": "5"}
     driver = subprocess.Popen(
         [FERRUM, "transcribe", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
